@@ -1,0 +1,114 @@
+"""`opgen build`: spec -> generated .cu + cubin per kernel + a JSON plan.
+
+For a dynamic M the plan holds one kernel per M bucket's heuristic pick (the
+same kernel serves several buckets when their picks agree), like a Tensile
+logic file: the runtime matches the call's M against it.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .. import __version__
+from . import planner, render
+from .spec import Spec
+
+# Where the plan is made for N or K left "any": the kernels take N and K at
+# run time (within the alignment rules), the tile choice assumes this size.
+DEFAULT_NK = 4096
+BUCKET_M = {"1": 1, "2-4": 4, "5-8": 8, "9-16": 16, "17-32": 32, "33-64": 64, "65-128": 128,
+            "129-256": 256, "257-512": 512, "513-1024": 1024, ">1024": 4096}
+
+ARGUMENTS = [
+    ("a", "const void*", "activations [M, K] (row-major, spec a.dtype)"),
+    ("a_scale", "const float*", "per-row activation scales [M] (int8/fp8 activations) or null"),
+    ("b", "const void*", "stored weight (qweight) in the spec's layout"),
+    ("s", "const void*", "weight scales in the spec's layout, or null"),
+    ("z", "const void*", "weight zero points in the spec's layout, or null"),
+    ("bias", "const void*", "bias [N] (out dtype) or null"),
+    ("out", "void*", "output [M, N] (row-major, spec out.dtype)"),
+    ("ws", "float*", "split-K workspace [M*N] fp32, zero-initialised once (kernels leave it zeroed)"),
+    ("counters", "int*", "split-K tile counters, zero-initialised once"),
+    ("M", "int", ""), ("N", "int", ""), ("K", "int", ""),
+]
+
+
+def _compile(source: str, name: str, arch: str):
+    from ..runtime.compiler import nvrtc_compile
+    return nvrtc_compile(source, name, arch)
+
+
+def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
+               N: Optional[int] = None, K: Optional[int] = None) -> List[Path]:
+    from ..runtime.compiler import parse_ptxas, nvrtc_version
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if spec.op == "quantize":
+        return _build_quantize(spec, out, arch)
+    N = N or spec.shape.N or DEFAULT_NK
+    K = K or spec.shape.K or DEFAULT_NK
+    try:
+        planner.check_shape(spec, N, K)
+    except planner.PlanError as e:
+        from .errors import UserError
+        raise UserError(f"{spec.name}: {e}") from None
+    buckets = {str(M): M} if M else dict(BUCKET_M)
+    kernels: Dict[str, dict] = {}
+    dispatch = {}
+    written: List[Path] = []
+    for label, m in buckets.items():
+        cfg = planner.heuristic(spec, arch, m, N, K)
+        dispatch[label] = cfg.name
+        if cfg.name in kernels:
+            continue
+        source, geom = render.render(spec, cfg, arch)
+        name = render.kernel_name(spec, cfg)
+        cubin, log = _compile(source, name, arch)
+        cu, cb = out / f"{cfg.name}.cu", out / f"{cfg.name}.{arch}.cubin"
+        cu.write_text(source)
+        cb.write_bytes(cubin)
+        written += [cu, cb]
+        kernels[cfg.name] = dict(
+            entry=name, source=cu.name, cubin=cb.name, config=cfg.to_dict(),
+            block=[geom["threads"], 1, 1], dynamic_smem=geom.get("smem", 0),
+            grid=_grid_rule(cfg, geom), ptxas=parse_ptxas(log))
+    plan = dict(opgen=__version__, spec=spec.name, spec_hash=spec.content_hash(), arch=arch,
+                nvrtc=nvrtc_version(), N=N, K=K,
+                alignment=f"K % {planner.K_ALIGN} == 0, N % {planner.N_ALIGN} == 0, "
+                          "K % group == 0 (see docs/spec.md)",
+                arguments=[dict(name=n, type=t, doc=d) for n, t, d in ARGUMENTS],
+                dispatch=dispatch, kernels=kernels)
+    p = out / "plan.json"
+    p.write_text(json.dumps(plan, indent=1) + "\n")
+    return written + [p]
+
+
+def _grid_rule(cfg: planner.Config, geom: dict) -> str:
+    if cfg.family == "gemm":
+        return f"[ceil(N/{cfg.BN}), ceil(M/{cfg.BM}), {cfg.split_k}]"
+    if geom["scheme"] == "row":
+        return f"[ceil(N/{cfg.warps}), {cfg.split_k}, 1]"
+    return f"[ceil(N/{geom['vec'].n_extent}/32), {cfg.split_k}, 1]"
+
+
+def _build_quantize(spec: Spec, out: Path, arch: str) -> List[Path]:
+    from ..runtime.compiler import parse_ptxas
+    source, geom = render.render_quantize(spec, arch)
+    name = geom["name"]
+    cubin, log = _compile(source, name, arch)
+    cu, cb = out / f"{name}.cu", out / f"{name}.{arch}.cubin"
+    cu.write_text(source)
+    cb.write_bytes(cubin)
+    plan = dict(opgen=__version__, spec=spec.name, spec_hash=spec.content_hash(), arch=arch,
+                kernels={name: dict(entry=name, source=cu.name, cubin=cb.name,
+                                    block=[geom["threads"], 1, 1], grid="[M, 1, 1]",
+                                    ptxas=parse_ptxas(log))},
+                alignment="K % 8 == 0",
+                arguments=[dict(name="x", type="const void*", doc="input [M, K]"),
+                           dict(name="codes", type="void*", doc="codes [M, K] (out dtype)"),
+                           dict(name="scale", type="float*", doc="per-row scales [M]"),
+                           dict(name="M", type="int", doc=""), dict(name="K", type="int", doc="")])
+    p = out / "plan.json"
+    p.write_text(json.dumps(plan, indent=1) + "\n")
+    return [cu, cb, p]

@@ -1,0 +1,265 @@
+"""Lowering: a validated Spec -> the constants the CUDA templates are written in.
+
+The templates never look at the spec; they read a `Layout` (how the weight,
+scale and zero arrays sit in memory, in the terms the kernel addresses them)
+and a `Numerics` (how a code becomes a number, which mma runs). Both are
+derived here once, so every format difference is data, not template branches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from .spec import (CONTAINER_BITS, WEIGHT_CODES, Spec, codes_per_container,
+                   weight_code)
+
+CUDA_TYPES = {
+    "float16": "half", "bfloat16": "__nv_bfloat16", "float32": "float",
+    "int8": "int8_t", "uint8": "uint8_t", "float8_e4m3": "uint8_t",
+    "float8_e5m2": "uint8_t", "int32": "int32_t", "e8m0": "uint8_t",
+}
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "uint8": 1,
+               "float8_e4m3": 1, "float8_e5m2": 1, "int32": 4, "e8m0": 1}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The stored weight as a 2-D array [rows, cols] of `elem_bytes` words.
+
+    row_axis / col_axis: which logical axis ('n' or 'k') each storage dim walks;
+    row_div / col_div: logical elements per storage step along it (P on the
+    packed axis, 1 otherwise). A word holds `P` codes along `pack_axis`.
+    """
+    row_axis: str
+    col_axis: str
+    row_div: int
+    col_div: int
+    elem_bytes: int
+    P: int
+    bits: int
+    pack_axis: Optional[str]
+    order: Tuple[int, ...]
+
+    @property
+    def inner(self) -> str:
+        """Logical axis that is contiguous in memory within a storage row."""
+        return self.col_axis
+
+
+@dataclass(frozen=True)
+class Numerics:
+    mma: str                 # "float16" | "bfloat16" | "int8" | "float8_e4m3"
+    compute_t: str           # CUDA type of the smem B tile / mma operand
+    a_t: str
+    out_t: str
+    code_kind: str           # uint | int | ternary | table | fp4 | fp8e4m3 | fp8e5m2 | f16 | bf16
+    dense: bool              # weights are already the mma operand type: no decode
+    a_row_scale: bool
+    scale_dtype: Optional[str]
+    scale_gran: Optional[str]     # group | channel | tensor | None
+    scale_layout: str
+    group: int                    # K elements per scale (K for channel: set at launch)
+    zero_kind: str
+    zero_dtype: Optional[str]
+    zero_P: int
+    zero_pack_axis: Optional[str]
+    zero_order: Tuple[int, ...]
+    zero_offset: int
+    zero_value: int
+    formula: str
+    table: Optional[Tuple[float, ...]]
+    bias: bool
+    activation: str
+    out_dtype: str
+
+
+def weight_layout(spec: Spec) -> Layout:
+    w = spec.b
+    code = weight_code(w)
+    P = codes_per_container(w)
+    rows, cols = ("n", "k") if w.layout == "nt" else ("k", "n")
+    pack_axis = w.pack.axis if w.pack else None
+    if w.pack:
+        elem_bytes = CONTAINER_BITS[w.pack.container] // 8
+        order = tuple(w.pack.order)
+    else:
+        elem_bytes = max(1, code.bits // 8)
+        order = (0,)
+    return Layout(
+        row_axis=rows, col_axis=cols,
+        row_div=P if pack_axis == rows else 1,
+        col_div=P if pack_axis == cols else 1,
+        elem_bytes=elem_bytes, P=P, bits=code.bits, pack_axis=pack_axis, order=order,
+    )
+
+
+_CODE_KIND = {"uint": "uint", "int": "int", "ternary": "ternary", "table": "table"}
+_FLOAT_KIND = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3": "fp8e4m3",
+               "float8_e5m2": "fp8e5m2"}
+
+
+def numerics(spec: Spec) -> Numerics:
+    w = spec.b
+    a = spec.a
+    mma = a.dtype
+    code = weight_code(w)
+    kind = _FLOAT_KIND.get(w.dtype) or ("fp4" if w.dtype == "fp4_e2m1" else _CODE_KIND[code.kind])
+    dense = (w.dtype == a.dtype)
+    s, z = w.scale, w.zero
+    zP = 1
+    if z.kind == "int" and z.pack is not None:
+        zP = CONTAINER_BITS[z.pack.container] // WEIGHT_CODES[z.dtype].bits
+    return Numerics(
+        mma=mma,
+        # 8-bit activations run dense (no decode): the decode type is unused.
+        compute_t=CUDA_TYPES[mma] if mma in ("float16", "bfloat16") else "half",
+        a_t=CUDA_TYPES[a.dtype],
+        out_t=CUDA_TYPES[spec.out.dtype],
+        code_kind=kind,
+        dense=dense,
+        a_row_scale=a.scale == "row",
+        scale_dtype=s.dtype if s else None,
+        scale_gran=s.granularity if s else None,
+        scale_layout=s.layout if s else "kn",
+        group=s.group if (s and s.granularity == "group") else 0,
+        zero_kind=z.kind,
+        zero_dtype=z.dtype,
+        zero_P=zP,
+        zero_pack_axis=z.pack.axis if (z.kind == "int" and z.pack) else None,
+        zero_order=tuple(z.pack.order) if (z.kind == "int" and z.pack) else (0,),
+        zero_offset=z.offset,
+        zero_value=z.value,
+        formula=w.formula,
+        table=code.table if code.kind == "table" else None,
+        bias=spec.epilogue.bias,
+        activation=spec.epilogue.activation,
+        out_dtype=spec.out.dtype,
+    )
+
+
+# --- one vector of stored words, unrolled -------------------------------------
+
+@dataclass(frozen=True)
+class Pair:
+    word: int        # 32-bit word of the vector
+    shift: int       # bit offset of the first code; the second sits 16 bits higher
+    ia: int          # element index (into the vector's vals[]) of the first code
+    ib: int
+
+
+@dataclass(frozen=True)
+class Vector:
+    """`vbytes` consecutive bytes of one storage row, decoded as a unit.
+
+    Elements are numbered e = r * ncols + c over the vector's logical extent:
+    `nrows` along the storage row axis (P when packed along it) by `ncols`
+    along the column axis. `dn[e]`, `dk[e]` give each element's logical offset.
+    """
+    vbytes: int
+    words: int
+    nrows: int
+    ncols: int
+    pairs: Tuple[Pair, ...]
+    dn: Tuple[int, ...]
+    dk: Tuple[int, ...]
+
+    @property
+    def n_extent(self) -> int:
+        return max(self.dn) + 1
+
+    @property
+    def k_extent(self) -> int:
+        return max(self.dk) + 1
+
+
+def vector(lay: Layout, vbytes: int) -> Vector:
+    assert vbytes % 4 == 0 and vbytes % lay.elem_bytes == 0
+    V = vbytes // lay.elem_bytes
+    nrows, ncols = lay.row_div, V * lay.col_div
+    slots = vbytes * 8 // lay.bits
+
+    def elem(slot: int) -> int:
+        j, i = divmod(slot, lay.P)            # container j, bit field i
+        e = lay.order[i]                      # element along the packed axis
+        if lay.pack_axis is None:
+            r, c = 0, j
+        elif lay.pack_axis == lay.col_axis:
+            r, c = 0, j * lay.P + e
+        else:
+            r, c = e, j
+        return r * ncols + c
+
+    per_word = 32 // lay.bits
+    half = max(1, per_word // 2)
+    pairs = []
+    for w in range(vbytes // 4):
+        for s in range(half):
+            a = w * per_word + s
+            pairs.append(Pair(w, s * lay.bits, elem(a), elem(a + half)))
+    assert len(pairs) * 2 == slots
+    dn, dk = [], []
+    for e in range(nrows * ncols):
+        r, c = divmod(e, ncols)
+        rn = {lay.row_axis: r, lay.col_axis: c}
+        dn.append(rn["n"])
+        dk.append(rn["k"])
+    return Vector(vbytes, vbytes // 4, nrows, ncols, tuple(pairs), tuple(dn), tuple(dk))
+
+
+@dataclass(frozen=True)
+class Decode:
+    """How decode_pair turns two codes into compute values (see decode.cuh.j2)."""
+    method: str          # magic | fp4 | e5m2 | e4m3 | table | scalar
+    mask: int
+    magic: bool
+    magic_base: int = 0
+    mask2_hex: str = ""
+    magic2_hex: str = ""
+    magic_hex: str = ""
+    sub2_hex: str = ""
+    sign_flip_hex: str = ""   # XOR applied to each word first (two's complement codes)
+
+
+def _h(x: int) -> str:
+    return f"0x{x:08X}"
+
+
+def decode_plan(lay: Layout, num: Numerics) -> Decode:
+    bits = lay.bits
+    mask = (1 << bits) - 1 if bits < 32 else 0xFFFFFFFF
+    kind = num.code_kind
+    f16 = num.compute_t == "half"
+    integer = kind in ("uint", "int", "ternary")
+    if integer and bits <= (8 if f16 else 7):
+        # code c placed in the low mantissa bits of M=1024 (fp16) / 128 (bf16):
+        # bits(M) | c == M + c exactly, so subtracting M + bias recovers the value.
+        magic = 0x6400 if f16 else 0x4300
+        base = 1024 if f16 else 128
+        bias = {"uint": 0, "int": 1 << (bits - 1), "ternary": 1}[kind]
+        bias += num.zero_value if num.zero_kind == "const" else 0
+        sub = _f16_bits(base + bias) if f16 else _bf16_bits(base + bias)
+        sign = 0
+        if kind == "int":
+            for p in range(32 // bits):
+                sign |= 1 << (p * bits + bits - 1)
+        return Decode("magic", mask, True, base, _h(mask | mask << 16), _h(magic | magic << 16),
+                      f"0x{magic:04X}", _h(sub | sub << 16), _h(sign) if sign else "")
+    if kind == "fp4" and f16:
+        return Decode("fp4", mask, False)
+    if kind == "fp8e5m2" and f16:
+        return Decode("e5m2", mask, False)
+    if kind == "fp8e4m3" and f16:
+        return Decode("e4m3", mask, False)
+    if kind in ("table", "fp4"):
+        return Decode("table", mask, False)
+    return Decode("scalar", mask, False)
+
+
+def _f16_bits(v: float) -> int:
+    import numpy as np
+    return int(np.array(v, np.float16).view(np.uint16))
+
+
+def _bf16_bits(v: float) -> int:
+    import numpy as np
+    return int(np.array(v, np.float32).view(np.uint32)) >> 16

@@ -1,0 +1,280 @@
+"""Tile planner: which kernel configurations are valid for a spec on an arch,
+and a heuristic pick for shapes never tuned.
+
+A `Config` is everything the templates need beyond the spec; `geometry()`
+derives the template constants from (spec, config) and rejects what cannot
+work, with the reason. `candidates()` enumerates the valid ones for a shape.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Dict, List, Optional, Tuple
+
+from . import hw
+from .lower import Layout, Numerics, Vector, decode_plan, numerics, vector, weight_layout
+from .spec import Spec
+
+# Alignment rules every kernel relies on (documented in docs/spec.md).
+K_ALIGN = 32     # K % 32 == 0: 16-byte rows for every packed format
+N_ALIGN = 8      # N % 8 == 0: output pairs and one mma n-tile
+
+
+class PlanError(ValueError):
+    """A configuration (or shape) the kernels cannot run, with the reason."""
+
+
+@dataclass(frozen=True)
+class Config:
+    family: str            # "gemm" | "gemv"
+    BM: int = 16
+    BN: int = 128
+    BK: int = 64
+    WM: int = 16
+    WN: int = 32
+    stages: int = 4
+    split_k: int = 1
+    warps: int = 4         # gemv: warps per block
+    vbytes: int = 16       # gemv: bytes per weight vector load
+    mmax: int = 8          # gemv: most rows of a it handles (M <= mmax)
+
+    @property
+    def name(self) -> str:
+        if self.family == "gemv":
+            return f"gemv_m{self.mmax}_w{self.warps}_v{self.vbytes}_s{self.split_k}"
+        return (f"gemm_{self.BM}x{self.BN}x{self.BK}_w{self.WM}x{self.WN}"
+                f"_p{self.stages}_s{self.split_k}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Config":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def check_shape(spec: Spec, N: int, K: int) -> None:
+    """The alignment rule, stated once; raises PlanError naming it."""
+    w = spec.b
+    problems = []
+    if K % K_ALIGN:
+        problems.append(f"K={K} must be a multiple of {K_ALIGN}")
+    if N % N_ALIGN:
+        problems.append(f"N={N} must be a multiple of {N_ALIGN}")
+    if w is not None and w.scale is not None and w.scale.granularity == "group" and K % w.scale.group:
+        problems.append(f"K={K} must be a multiple of the scale group {w.scale.group}")
+    if w is not None and w.pack is not None and w.pack.axis == "n":
+        P = weight_layout(spec).P
+        if N % P:
+            problems.append(f"N={N} must be a multiple of {P} (codes per word, packed along n)")
+    for dim, want, got in (("N", spec.shape.N, N), ("K", spec.shape.K, K)):
+        if want is not None and want != got:
+            problems.append(f"{dim}={got} but the spec fixes {dim}={want}")
+    if problems:
+        raise PlanError("; ".join(problems))
+
+
+def _vector_bytes(lay: Layout, rowb: int, group: int, k_extent_max: int) -> Optional[int]:
+    for vb in (16, 8, 4):
+        if rowb % vb or vb % lay.elem_bytes:
+            continue
+        v = vector(lay, vb)
+        if v.k_extent > k_extent_max or (group and group % v.k_extent) or v.n_extent > 8:
+            continue
+        return vb
+    return None
+
+
+def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
+    """Template constants for (spec, cfg, arch), or PlanError saying why not."""
+    a = hw.arch(arch)
+    num = numerics(spec)
+    mma = hw.MMAS[num.mma]
+    if mma.min_cc > a.cc:
+        raise PlanError(f"{num.mma} activations need sm_{mma.min_cc}+ tensor cores (target {arch})")
+    lay = weight_layout(spec)
+    if cfg.family == "gemv":
+        return _gemv_geometry(spec, cfg, a, num, lay)
+    ce = mma.a_bytes
+    BM, BN, BK, WM, WN = cfg.BM, cfg.BN, cfg.BK, cfg.WM, cfg.WN
+    if BM % WM or BN % WN or WM % 16 or WN % 16:
+        raise PlanError("warp tile must divide the block tile, in multiples of 16")
+    if (BK * ce) % 128:
+        raise PlanError("BK * operand bytes must be a multiple of 128 (swizzled rows)")
+    threads = (BM // WM) * (BN // WN) * 32
+    if threads > 256 or threads < 64:
+        raise PlanError(f"{threads} threads per block")
+    g = dict(threads=threads, ce=ce, mma_ptx=mma.ptx, acc_int=mma.acc == "s32",
+             dense=num.dense)
+    if num.dense:
+        if lay.row_axis == "n":
+            g.update(b_kmajor=True, b_rows=BN, b_rowb=BK * ce)
+        else:
+            if ce != 2:
+                raise PlanError("8-bit weights must be stored nt ([N, K]) for the int8/fp8 mma")
+            if (BN * ce) % 128:
+                raise PlanError("BN * 2 must be a multiple of 128 for nn weights")
+            g.update(b_kmajor=False, b_rows=BK, b_rowb=BN * ce)
+        b_stage = g["b_rows"] * g["b_rowb"]
+        bs = 0
+    else:
+        if ce != 2:
+            raise PlanError("decoded weights need float16/bfloat16 activations")
+        kmajor = (lay.pack_axis == "k") or (lay.pack_axis is None and lay.row_axis == "n")
+        extent = {"n": BN, "k": BK}
+        rows = extent[lay.row_axis] // lay.row_div
+        rowb = extent[lay.col_axis] // lay.col_div * lay.elem_bytes
+        if extent[lay.row_axis] % lay.row_div or extent[lay.col_axis] % lay.col_div or rowb < 4:
+            raise PlanError("tile does not hold whole weight words")
+        chunk = next((c for c in (16, 8, 4) if rowb % c == 0), None)
+        group = num.group
+        vb = _vector_bytes(lay, rowb, group, BK)
+        if vb is None:
+            raise PlanError("no weight vector fits the tile and the scale group")
+        vec = vector(lay, vb)
+        if group and BK % group and group % BK:
+            raise PlanError(f"BK={BK} and group={group}: one must divide the other")
+        bs_rows, bs_rowb = (BN, BK * 2) if kmajor else (BK, BN * 2)
+        if bs_rowb % 128:
+            raise PlanError("decoded tile rows must be a multiple of 128 bytes")
+        g.update(b_kmajor=kmajor, b_rows=rows, b_rowb=rowb, b_chunk=chunk,
+                 bs_rows=bs_rows, bs_rowb=bs_rowb, vec=vec, stores=_stores(vec, kmajor))
+        b_stage = rows * rowb
+        bs = 2 * bs_rows * bs_rowb
+    if cfg.stages < 2 + (0 if num.dense else 1):
+        raise PlanError("decoded weights need at least 3 pipeline stages")
+    smem = cfg.stages * (BM * BK * ce + b_stage) + bs
+    if smem > a.smem_per_block:
+        raise PlanError(f"{smem} bytes of shared memory > {a.smem_per_block} on {arch}")
+    acc_regs = (WM // 16) * (WN // 8) * 4
+    if acc_regs > 64:
+        raise PlanError(f"{acc_regs} accumulator registers per thread")
+    g.update(smem=smem, grid_tiles=(BN, BM))
+    return g
+
+
+def _stores(vec: Vector, kmajor: bool) -> List[dict]:
+    """Group a vector's elements into contiguous runs along the decoded tile's
+    inner axis, cut into aligned 16/8/4/2-byte shared-memory stores."""
+    lines: Dict[int, List[Tuple[int, int]]] = {}
+    for e, (dn, dk) in enumerate(zip(vec.dn, vec.dk)):
+        line, inner = (dn, dk) if kmajor else (dk, dn)
+        lines.setdefault(line, []).append((inner, e))
+    out = []
+    vt = {8: "uint4", 4: "uint2", 2: "uint32_t", 1: "unsigned short"}
+    for line, items in sorted(lines.items()):
+        items.sort()
+        inners = [i for i, _ in items]
+        assert inners == list(range(inners[0], inners[0] + len(inners))), "non-contiguous run"
+        pos = 0
+        while pos < len(items):
+            cnt = 8
+            while cnt > 1 and (pos + cnt > len(items) or (items[pos][0] % cnt)):
+                cnt //= 2
+            out.append(dict(line=line, inner=items[pos][0], count=cnt, vec_t=vt[cnt],
+                            elems=[e for _, e in items[pos:pos + cnt]]))
+            pos += cnt
+    return out
+
+
+def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
+    if num.mma not in ("float16", "bfloat16"):
+        raise PlanError("the GEMV family takes float16/bfloat16 activations")
+    if lay.row_axis == "n" and lay.row_div != 1:
+        raise PlanError("GEMV needs nt weights packed along k")
+    vb = cfg.vbytes
+    if vb % lay.elem_bytes or vb % 4:
+        raise PlanError("vector bytes must hold whole words")
+    vec = vector(lay, vb)
+    if num.group and num.group % vec.k_extent:
+        raise PlanError("weight vector crosses a scale group")
+    scheme = "row" if lay.row_axis == "n" else "col"
+    if scheme == "col" and (cfg.mmax * vec.ncols > 64 or vec.n_extent > 8):
+        raise PlanError("too many accumulators per thread (mmax x vector width)")
+    return dict(threads=cfg.warps * 32, scheme=scheme, vec=vec, dec=decode_plan(lay, num),
+                smem=0)
+
+
+def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
+    if cfg.family == "gemv":
+        vec = g["vec"]
+        if g["scheme"] == "row":
+            return K % (vec.k_extent * cfg.split_k) == 0
+        return N % vec.n_extent == 0 and K % (vec.k_extent * cfg.split_k) == 0
+    return True
+
+
+GEMM_TILES = [  # (BM, BN, BK, WM, WN)
+    (16, 64, 64, 16, 16), (16, 128, 64, 16, 32), (16, 256, 64, 16, 64),
+    (32, 128, 64, 32, 32), (32, 256, 64, 32, 64),
+    (64, 128, 64, 32, 64), (64, 256, 64, 64, 64), (128, 128, 64, 64, 64),
+    (128, 256, 64, 64, 64), (128, 128, 64, 64, 32), (128, 256, 64, 64, 32),
+    (256, 128, 64, 64, 64),
+    # 128-byte rows of 8-bit operands (int8 / fp8 activations)
+    (16, 128, 128, 16, 32), (32, 128, 128, 32, 32), (64, 128, 128, 32, 64),
+    (128, 128, 128, 64, 64), (128, 256, 128, 64, 64),
+]
+
+
+def all_configs(spec: Spec) -> List[Config]:
+    out = []
+    for (BM, BN, BK, WM, WN) in GEMM_TILES:
+        for stages in (3, 4, 5):
+            for sk in (1, 2, 4, 8):
+                out.append(Config("gemm", BM, BN, BK, WM, WN, stages, sk))
+    for mmax in (1, 2, 4, 8):
+        for warps in (4, 8):
+            for vb in (16, 8, 4):
+                for sk in (1, 2, 4, 8):
+                    out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax))
+    return out
+
+
+def candidates(spec: Spec, arch: str, M: int, N: int, K: int) -> List[Config]:
+    """Valid configurations worth timing for this problem size."""
+    check_shape(spec, N, K)
+    out = []
+    for cfg in all_configs(spec):
+        if cfg.family == "gemv" and (M > cfg.mmax or cfg.mmax >= 2 * max(M, 1) and cfg.mmax > 1):
+            continue
+        if cfg.family == "gemm":
+            if cfg.BM > max(16, 2 * M):
+                continue
+            tiles = -(-N // cfg.BN) * -(-M // cfg.BM)
+            if cfg.split_k > 1 and tiles * cfg.split_k > 8 * 132:
+                continue
+            if cfg.split_k > 1 and K // cfg.split_k < 4 * cfg.BK:
+                continue
+        try:
+            g = geometry(spec, cfg, arch)
+        except PlanError:
+            continue
+        if shape_ok(g, cfg, N, K):
+            out.append(cfg)
+    return out
+
+
+def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> Config:
+    """A reasonable pick without tuning: GEMV for decode, else the GEMM tile
+    that fills the SMs with the fewest, largest tiles; split-K when too few."""
+    cands = candidates(spec, arch, M, N, K)
+    if not cands:
+        raise PlanError(f"no kernel configuration fits {spec.name} at N={N}, K={K}")
+    if M <= 4:
+        gemv = [c for c in cands if c.family == "gemv"]
+        if gemv:
+            rows = N if weight_layout(spec).row_axis == "n" else N // 4
+            want_split = 1
+            for c in gemv:
+                pass
+            blocks = lambda c: (rows / (c.warps if weight_layout(spec).row_axis == "n" else 32)) * c.split_k
+            best = sorted(gemv, key=lambda c: (blocks(c) < 2 * sms, c.vbytes != 16, c.warps != 4, c.split_k))
+            return best[0]
+
+    def score(c: Config):
+        if c.family != "gemm":
+            return (9, 0, 0)
+        tiles = -(-N // c.BN) * -(-M // c.BM) * c.split_k
+        waste = (-(-M // c.BM) * c.BM) / M
+        return (tiles < sms, round(waste, 1), -c.BM * c.BN, c.split_k, c.stages != 4)
+    return min(cands, key=score)

@@ -1,0 +1,71 @@
+"""Render the CUDA source of a kernel from (spec, config, arch)."""
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+import jinja2
+
+from . import planner
+from .lower import decode_plan, numerics, weight_layout
+from .spec import WEIGHT_CODES, Spec
+
+TEMPLATES = {"gemm": "gemm.cu.j2", "gemv": "gemv.cu.j2", "quantize": "quantize.cu.j2"}
+
+
+def _template_text(name: str) -> str:
+    return resources.files("opgen.templates").joinpath(name).read_text()
+
+
+@functools.lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(_template_text),
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    # Plain C++ headers are pasted verbatim (their asm braces are not Jinja).
+    env.globals["raw"] = _template_text
+    return env
+
+
+def kernel_name(spec: Spec, cfg: planner.Config) -> str:
+    return f"opgen_{spec.name}_{cfg.name}"
+
+
+def _zero_context(num) -> dict:
+    if num.zero_kind != "int":
+        return dict(zero_bits=0, zero_inv_packed=0, zero_mask=0)
+    bits = WEIGHT_CODES[num.zero_dtype].bits
+    inv = [0] * num.zero_P
+    for field, elem in enumerate(num.zero_order):
+        inv[elem] = field
+    if num.zero_P > 10:
+        raise planner.PlanError("packed zero points hold at most 10 codes per word")
+    return dict(zero_bits=bits, zero_mask=(1 << bits) - 1,
+                zero_inv_packed=sum(f << (6 * j) for j, f in enumerate(inv)))
+
+
+def render(spec: Spec, cfg: planner.Config, arch: str) -> tuple[str, dict]:
+    """CUDA source and the launch geometry (dict from planner.geometry)."""
+    g = planner.geometry(spec, cfg, arch)
+    num = numerics(spec)
+    lay = weight_layout(spec)
+    ctx = dict(
+        spec_name=spec.name, kernel_name=kernel_name(spec, cfg), c=cfg, g=g, num=num, lay=lay,
+        dec=decode_plan(lay, num), vec=g.get("vec"),
+        epi_wscale=num.dense and num.scale_gran is not None,
+        **_zero_context(num),
+    )
+    src = _env().get_template(TEMPLATES[cfg.family]).render(**ctx)
+    return src, g
+
+
+def render_quantize(spec: Spec, arch: str, threads: int = 256) -> tuple[str, dict]:
+    """op quantize: per-row absmax -> int8 / fp8 e4m3 codes + float32 scales."""
+    name = f"opgen_{spec.name}"
+    ctx = dict(kernel_name=name, threads=threads, out_dtype=spec.out.dtype,
+               in_t="half" if spec.a.dtype == "float16" else "__nv_bfloat16",
+               code_t="int8_t" if spec.out.dtype == "int8" else "uint8_t",
+               qmax="127.0" if spec.out.dtype == "int8" else "448.0")
+    return _env().get_template(TEMPLATES["quantize"]).render(**ctx), dict(name=name, threads=threads, smem=0)

@@ -1,0 +1,6 @@
+"""`python -m opgen ...`"""
+import sys
+
+from opgen.cli import main
+
+sys.exit(main())

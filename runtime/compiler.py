@@ -1,0 +1,191 @@
+"""NVRTC compilation (through cupy.cuda.nvrtc, no GPU needed) and the on-disk
+cubin cache.
+
+The cache key covers everything that changes the binary: the rendered source,
+the NVRTC options, the arch, the NVRTC version and the opgen version. Writes
+are atomic (temp file + os.replace), so a crash or a concurrent compile never
+leaves a truncated cubin behind.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+from .. import __version__
+from ..codegen import planner, render
+from ..codegen.spec import Spec
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected the source, or the kernel exceeds the arch's resources."""
+
+
+@dataclass(frozen=True)
+class Compiled:
+    cubin: bytes
+    name: str
+    source: str
+    log: str
+    geometry: dict
+    arch: str
+
+    @property
+    def resources(self) -> dict:
+        return parse_ptxas(self.log)
+
+
+def _nvrtc():
+    try:
+        from cupy.cuda import nvrtc
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise CompileError("CuPy is not installed: pip install 'opgen[cuda12]' (or [cuda13])") from e
+    return nvrtc
+
+
+def nvrtc_version() -> str:
+    major, minor = _nvrtc().getVersion()
+    return f"{major}.{minor}"
+
+
+def cuda_include_dirs() -> List[str]:
+    """Directories holding cuda_fp16.h / cuda_fp8.h: the pip CUDA runtime
+    headers first, then a toolkit install."""
+    found = []
+    for base in sys.path:
+        for pat in ("nvidia/cuda_runtime/include", "nvidia/cu13/include", "nvidia/cu12/include",
+                    "nvidia/cuda_nvrtc/include"):
+            d = os.path.join(base, pat)
+            if os.path.isfile(os.path.join(d, "cuda_fp16.h")):
+                found.append(d)
+    for env in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(env):
+            found.append(os.path.join(os.environ[env], "include"))
+    found += sorted(glob.glob("/usr/local/cuda*/include"), reverse=True)
+    out = []
+    for d in found:
+        if os.path.isfile(os.path.join(d, "cuda_fp16.h")) and d not in out:
+            out.append(d)
+    if not out:
+        raise CompileError("no CUDA headers (cuda_fp16.h) found: pip install nvidia-cuda-runtime-cu12")
+    return out[:1]
+
+
+def options(arch: str) -> List[str]:
+    return [f"--gpu-architecture={arch}", "-std=c++17", "--ptxas-options=-v",
+            "-default-device", *[f"-I{d}" for d in cuda_include_dirs()]]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("OPGEN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "opgen")
+    return Path(root) / "cubin"
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def nvrtc_compile(source: str, name: str, arch: str) -> tuple[bytes, str]:
+    """Compile one translation unit to a cubin; returns (cubin, log)."""
+    nvrtc = _nvrtc()
+    opts = options(arch)
+    prog = nvrtc.createProgram(source, name + ".cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError as e:
+            raise CompileError(f"NVRTC failed for {name} ({arch}):\n{nvrtc.getProgramLog(prog)}") from e
+        log = nvrtc.getProgramLog(prog)
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    # CuPy's getCUBIN drops the last byte of the ELF image; restore the NUL.
+    if len(cubin) % 4:
+        cubin = bytes(cubin) + b"\0" * (4 - len(cubin) % 4)
+    return bytes(cubin), log
+
+
+def compile_kernel(spec: Spec, cfg: planner.Config, arch: str, use_cache: bool = True) -> Compiled:
+    source, geometry = render.render(spec, cfg, arch)
+    name = render.kernel_name(spec, cfg)
+    key = hashlib.sha256("\0".join(
+        [source, " ".join(options(arch)), arch, nvrtc_version(), __version__]).encode()).hexdigest()[:32]
+    path = cache_dir() / f"{name}-{arch}-{key}.cubin"
+    log_path = path.with_suffix(".log")
+    if use_cache and path.exists() and log_path.exists():
+        return Compiled(path.read_bytes(), name, source, log_path.read_text(), geometry, arch)
+    cubin, log = nvrtc_compile(source, name, arch)
+    res = parse_ptxas(log)
+    if res.get("spill_bytes", 0) > 0 or res.get("stack", 0) > 0:
+        # Spills and local-memory arrays are a planner bug for a default config,
+        # but not a correctness problem: keep the kernel, flag it in the log.
+        log += "\nopgen: warning: local memory in use\n"
+    if use_cache:
+        _atomic_write(log_path, log.encode())
+        _atomic_write(path, cubin)
+    return Compiled(cubin, name, source, log, geometry, arch)
+
+
+def compile_cubin(spec: Spec, cfg: planner.Config, arch: str, N: int = 0, K: int = 0) -> bytes:
+    """Process-pool friendly entry point used by the tuner."""
+    try:
+        return compile_kernel(spec, cfg, arch).cubin
+    except planner.PlanError as e:
+        raise CompileError(str(e)) from e
+
+
+_PTXAS = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "stack": re.compile(r"(\d+) bytes stack frame"),
+    "spill_stores": re.compile(r"(\d+) bytes spill stores"),
+    "spill_loads": re.compile(r"(\d+) bytes spill loads"),
+    "smem_static": re.compile(r"(\d+) bytes smem"),
+}
+
+
+def parse_ptxas(log: str) -> dict:
+    out = {}
+    for k, rx in _PTXAS.items():
+        m = rx.search(log)
+        if m:
+            out[k] = int(m.group(1))
+    out["spill_bytes"] = out.get("spill_stores", 0) + out.get("spill_loads", 0)
+    return out
+
+
+def find_nvdisasm() -> Optional[str]:
+    import shutil
+    for base in sys.path:
+        for sub in ("nvidia/cu13/bin/nvdisasm", "nvidia/cuda_nvdisasm/bin/nvdisasm"):
+            p = os.path.join(base, sub)
+            if os.path.isfile(p):
+                return p
+    return shutil.which("nvdisasm")
+
+
+def disassemble(cubin: bytes) -> str:
+    """SASS text of a cubin (nvdisasm from the `sass` extra or the toolkit)."""
+    import subprocess
+    tool = find_nvdisasm()
+    if tool is None:
+        raise CompileError("nvdisasm not found: pip install 'opgen[sass]'")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-c", f.name], check=True, capture_output=True, text=True).stdout

@@ -1,0 +1,44 @@
+"""What GPU we are on (arch string, name), asked of CuPy once."""
+from __future__ import annotations
+
+import functools
+
+from ..codegen import hw
+
+
+def has_gpu() -> bool:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def _props(dev: int) -> dict:
+    import cupy
+    return cupy.cuda.runtime.getDeviceProperties(dev)
+
+
+def current_device() -> int:
+    import cupy
+    return cupy.cuda.runtime.getDevice()
+
+
+def current_arch() -> str:
+    p = _props(current_device())
+    return hw.arch_from_cc(p["major"], p["minor"]).name
+
+
+def device_name() -> str:
+    n = _props(current_device())["name"]
+    return n.decode() if isinstance(n, bytes) else str(n)
+
+
+def sm_count() -> int:
+    return int(_props(current_device())["multiProcessorCount"])
+
+
+def nvrtc_version() -> str:
+    from .compiler import nvrtc_version as v
+    return v()

@@ -1,0 +1,77 @@
+"""A compiled kernel loaded on the GPU, and its launch.
+
+Kernel(spec, config, arch) compiles (or takes from the cubin cache), loads the
+module and launches on raw device pointers; `opgen.runtime.op` wraps it with
+array checking and per-call dispatch.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..codegen import planner
+from ..codegen.spec import Spec
+from . import compiler
+from .device import current_arch
+
+
+class Kernel:
+    def __init__(self, spec: Spec, config: planner.Config, arch: str | None = None):
+        import cupy
+        self.spec, self.config = spec, config
+        self.arch = arch or current_arch()
+        self.compiled = compiler.compile_kernel(spec, config, self.arch)
+        self.module = cupy.cuda.function.Module()
+        self.module.load(self.compiled.cubin)
+        self.fn = self.module.get_function(self.compiled.name)
+        self.geometry = self.compiled.geometry
+        smem = self.geometry.get("smem", 0)
+        if smem > 48 * 1024:
+            self.fn.max_dynamic_shared_size_bytes = smem
+        self._ws = {}     # (device, stream) -> (workspace, counters, capacity)
+
+    def grid(self, M: int, N: int, K: int) -> tuple:
+        c, g = self.config, self.geometry
+        if c.family == "gemm":
+            return (-(-N // c.BN), -(-M // c.BM), c.split_k)
+        vec = g["vec"]
+        if g["scheme"] == "row":
+            return (-(-N // c.warps), c.split_k, 1)
+        lay_cols = N // vec.n_extent        # vectors per storage row
+        return (-(-lay_cols // 32), c.split_k, 1)
+
+    def _workspace(self, M: int, N: int, grid: tuple, stream_ptr: int):
+        """fp32 split-K workspace + tile counters; kernels leave both zeroed."""
+        import cupy
+        key = (cupy.cuda.runtime.getDevice(), stream_ptr)
+        need_ws, need_cnt = M * N, grid[0] * grid[1]
+        ws = self._ws.get(key)
+        if ws is None or ws[0].size < need_ws or ws[1].size < need_cnt:
+            ws = (cupy.zeros(max(need_ws, 1), np.float32), cupy.zeros(max(need_cnt, 1), np.int32))
+            self._ws[key] = ws
+        return ws
+
+    def launch(self, ptrs: dict, M: int, N: int, K: int, stream=None) -> None:
+        """ptrs: device addresses (ints) for a, a_scale, b, s, z, bias, out."""
+        import cupy
+        grid = self.grid(M, N, K)
+        stream = stream or cupy.cuda.get_current_stream()
+        ws, cnt = (0, 0)
+        if self.config.split_k > 1:
+            w, c = self._workspace(M, N, grid, stream.ptr)
+            ws, cnt = w.data.ptr, c.data.ptr
+        p = lambda k: np.uint64(ptrs.get(k) or 0)
+        args = (p("a"), p("a_scale"), p("b"), p("s"), p("z"), p("bias"), p("out"),
+                np.uint64(ws), np.uint64(cnt), np.int32(M), np.int32(N), np.int32(K))
+        self.fn(grid, (self.geometry["threads"], 1, 1), args,
+                shared_mem=self.geometry.get("smem", 0), stream=stream)
+
+    def __call__(self, a, tensors: dict, out, a_scale=None, bias=None, stream=None):
+        """Launch on CuPy arrays (the tuner and tests use this directly)."""
+        M, K = a.shape
+        N = out.shape[1]
+        ptrs = dict(a=a.data.ptr, b=tensors["qweight"].data.ptr, out=out.data.ptr,
+                    s=tensors["scales"].data.ptr if "scales" in tensors else 0,
+                    z=tensors["zeros"].data.ptr if "zeros" in tensors else 0,
+                    a_scale=a_scale.data.ptr if a_scale is not None else 0,
+                    bias=bias.data.ptr if bias is not None else 0)
+        self.launch(ptrs, M, N, K, stream)

@@ -1,0 +1,678 @@
+"""Spec validation: shipped specs, generated valid / broken specs, the CLI."""
+from __future__ import annotations
+
+import copy
+import math
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from opgen.codegen import spec as S
+from opgen.codegen.errors import SpecError, SpecErrors, UserError
+from opgen.codegen.validate import (
+    FLOAT_WEIGHT_DTYPES, load_spec, resolve_spec, shipped_specs, spec_from_dict,
+    spec_to_yaml_dict, specialize_shape,
+)
+from opgen.cli import COMMANDS, main
+
+SHIPPED = (
+    "gptq_v1_w4a16_g128", "gptq_v2_w4a16_g128", "awq_w4a16_g128", "bnb_nf4",
+    "bitnet_b158", "mxfp4", "w8a8_int8", "w4a16_sym_g128", "w2a16_g128", "w1a16_g128",
+    "fp8_e4m3_w8a8", "fp8_e4m3_w8a16", "fp16", "quantize_int8_row", "quantize_fp8_row",
+)
+ERR_LINE = re.compile(r"^.+:\d+: [a-z_.0-9]+: .+$")
+HYP = settings(max_examples=int(__import__("os").environ.get("OPGEN_HYP_N", "150")), deadline=None,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _errors(fn, *args, **kw) -> SpecErrors:
+    with pytest.raises(SpecErrors) as ei:
+        fn(*args, **kw)
+    return ei.value
+
+
+# --- shipped specs ------------------------------------------------------------------
+
+def test_shipped_set_is_exact():
+    assert set(shipped_specs()) == set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_spec_loads(name):
+    path = resolve_spec(name)
+    spec = load_spec(path)
+    assert spec.name == name == path.stem
+    assert spec.description and "\n" not in spec.description
+    assert spec.shape == S.Shape(None, None, None)
+    assert load_spec(name) == spec                      # by shipped name, too
+    assert load_spec(yaml.safe_dump(spec_to_yaml_dict(spec))) == spec
+    hash(spec)
+
+
+def test_shipped_spec_facts():
+    g1, g2, awq = (load_spec(n) for n in ("gptq_v1_w4a16_g128", "gptq_v2_w4a16_g128",
+                                          "awq_w4a16_g128"))
+    seq8 = tuple(range(8))
+    il8 = (0, 2, 4, 6, 1, 3, 5, 7)
+    assert g1.b == S.Weight(
+        dtype="uint4", layout="nn", pack=S.Pack("int32", "k", seq8),
+        scale=S.Scale("float16", "group", 128, "kn"),
+        zero=S.Zero("int", "uint4", S.Pack("int32", "n", seq8), offset=1))
+    assert g2.b == S.Weight(
+        dtype="uint4", layout="nn", pack=S.Pack("int32", "k", seq8),
+        scale=S.Scale("float16", "group", 128, "kn"),
+        zero=S.Zero("int", "uint4", S.Pack("int32", "n", seq8), offset=0))
+    assert awq.b == S.Weight(
+        dtype="uint4", layout="nn", pack=S.Pack("int32", "n", il8),
+        scale=S.Scale("float16", "group", 128, "kn"),
+        zero=S.Zero("int", "uint4", S.Pack("int32", "n", il8), offset=0))
+    nf4 = load_spec("bnb_nf4").b
+    assert (nf4.dtype, nf4.layout, nf4.pack, nf4.scale, nf4.zero.kind) == (
+        "nf4", "nt", S.Pack("uint8", "k", (1, 0)), S.Scale("float32", "group", 64, "nk"), "none")
+    bn = load_spec("bitnet_b158").b
+    assert (bn.dtype, bn.pack, bn.scale.granularity, bn.scale.dtype) == (
+        "ternary", S.Pack("uint8", "k", (0, 1, 2, 3)), "tensor", "float32")
+    mx = load_spec("mxfp4").b
+    assert (mx.dtype, mx.pack, mx.scale) == (
+        "fp4_e2m1", S.Pack("uint8", "k", (0, 1)), S.Scale("e8m0", "group", 32, "nk"))
+    w8 = load_spec("w8a8_int8")
+    assert (w8.a, w8.b.dtype, w8.b.scale.granularity, w8.accumulate, w8.out.dtype) == (
+        S.Activation("int8", "row"), "int8", "channel", "int32", "float16")
+    sym = load_spec("w4a16_sym_g128").b
+    assert (sym.pack, sym.scale, sym.zero) == (
+        S.Pack("int32", "k", il8), S.Scale("float16", "group", 128, "nk"),
+        S.Zero("const", value=8))
+    w2 = load_spec("w2a16_g128").b
+    assert (w2.dtype, w2.pack, w2.zero) == (
+        "uint2", S.Pack("int32", "k", tuple(range(16))), S.Zero("const", value=2))
+    w1 = load_spec("w1a16_g128").b
+    assert (w1.dtype, w1.pack.order, w1.zero, w1.formula) == (
+        "uint1", tuple(range(32)), S.Zero("float", "float16"), "q * s - z")
+    f8 = load_spec("fp8_e4m3_w8a8")
+    assert (f8.a, f8.b.dtype, f8.accumulate, f8.out.dtype) == (
+        S.Activation("float8_e4m3", "row"), "float8_e4m3", "float32", "bfloat16")
+    assert load_spec("fp8_e4m3_w8a16").a == S.Activation("float16")
+    fp16 = load_spec("fp16")
+    assert fp16.b == S.Weight("float16", "nt")
+    for name, out in (("quantize_int8_row", "int8"), ("quantize_fp8_row", "float8_e4m3")):
+        q = load_spec(name)
+        assert (q.op, q.a.dtype, q.b, q.out.dtype) == ("quantize", "float16", None, out)
+
+
+# --- generated valid specs ------------------------------------------------------------
+
+def _lcm(*xs):
+    out = 1
+    for x in xs:
+        out = out * x // math.gcd(out, x)
+    return out
+
+
+def _maybe(draw, d, key, value, default=None):
+    """Put key: value into d, or (when value is the default) sometimes leave it out."""
+    if value == default and draw(st.booleans()):
+        return
+    d[key] = value
+
+
+@st.composite
+def pack_dicts(draw, bits, axis=None):
+    container = draw(st.sampled_from([c for c in S.CONTAINERS if S.CONTAINER_BITS[c] % bits == 0]))
+    P = S.CONTAINER_BITS[container] // bits
+    pk = {"container": container, "axis": axis or draw(st.sampled_from(S.AXES))}
+    order = draw(st.one_of(st.none(), st.just(list(range(P))), st.permutations(list(range(P)))))
+    if order is not None:
+        pk["order"] = list(order)
+    return pk, P
+
+
+@st.composite
+def valid_spec_dicts(draw):
+    op = draw(st.sampled_from(["matmul"] * 5 + ["quantize"]))
+    d = {"opgen": 1, "name": draw(st.from_regex(r"[a-z0-9_]{1,24}", fullmatch=True)), "op": op}
+    if draw(st.booleans()):
+        d["description"] = draw(st.text(st.characters(blacklist_categories=("Cs",)), max_size=30))
+    shape = {}
+    if draw(st.booleans()):
+        shape["M"] = draw(st.sampled_from(["dynamic", 1, 16, 4096]))
+
+    if op == "quantize":
+        d["a"] = {"dtype": draw(st.sampled_from(["float16", "bfloat16"]))}
+        d["out"] = {"dtype": draw(st.sampled_from(["int8", "float8_e4m3"]))}
+        if draw(st.booleans()):
+            shape["K"] = draw(st.sampled_from(["any", 64, 4096]))
+        if draw(st.booleans()):
+            d["epilogue"] = {"bias": False, "activation": "none"}
+        if shape:
+            d["shape"] = shape
+        return d
+
+    combo = draw(st.sampled_from(["a16"] * 4 + ["int8", "fp8"]))
+    if combo == "a16":
+        d["a"] = {"dtype": draw(st.sampled_from(["float16", "bfloat16"]))}
+        wdtype = draw(st.sampled_from(S.WEIGHT_DTYPES))
+        _maybe(draw, d, "accumulate", "float32", "float32")
+    elif combo == "int8":
+        d["a"] = {"dtype": "int8", "scale": "row"}
+        wdtype = "int8"
+        d["accumulate"] = "int32"
+    else:
+        d["a"] = {"dtype": "float8_e4m3", "scale": "row"}
+        wdtype = "float8_e4m3"
+        _maybe(draw, d, "accumulate", "float32", "float32")
+
+    b = {"dtype": wdtype}
+    _maybe(draw, b, "layout", draw(st.sampled_from(S.LAYOUTS)), "nt")
+    if wdtype == "codebook":
+        bits = draw(st.sampled_from([1, 2, 4]))
+        b["bits"] = bits
+        b["codebook"] = draw(st.lists(st.floats(-8, 8, allow_nan=False, width=32),
+                                      min_size=1 << bits, max_size=1 << bits))
+    else:
+        bits = S.WEIGHT_CODES[wdtype].bits
+    P, pack_axis = 1, None
+    if bits < 8:
+        b["pack"], P = draw(pack_dicts(bits))
+        pack_axis = b["pack"]["axis"]
+
+    # scale
+    grans = ["none", "channel", "tensor"]
+    if wdtype not in ("float16", "bfloat16") and combo == "a16":
+        grans += ["group", "group"]
+    gran = draw(st.sampled_from(grans))
+    group = None
+    if gran != "none":
+        sdtypes = [x for x in S.SCALE_DTYPES if gran == "group" or x != "e8m0"]
+        sc = {"dtype": draw(st.sampled_from(sdtypes))}
+        if gran == "group":
+            step = P if pack_axis == "k" else 1
+            group = step * draw(st.integers(1, 64))
+            sc["group"] = group
+            _maybe(draw, sc, "layout", draw(st.sampled_from(S.SCALE_LAYOUTS)), "kn")
+        else:
+            sc["group"] = gran
+        b["scale"] = sc
+
+    # zero point
+    kinds = ["none"]
+    if gran != "none" and wdtype not in FLOAT_WEIGHT_DTYPES and combo == "a16":
+        kinds += ["const", "float", "int", "int"]
+    kind = draw(st.sampled_from(kinds))
+    dn, dk = _lcm(P if pack_axis == "n" else 1), _lcm(P if pack_axis == "k" else 1, group or 1)
+    if kind == "none":
+        if draw(st.booleans()):
+            b["zero"] = {"kind": "none"}
+    elif kind == "const":
+        b["zero"] = {"kind": "const", "value": draw(st.integers(-4, 300))}
+    elif kind == "float":
+        b["zero"] = {"kind": "float", "dtype": draw(st.sampled_from(S.FLOAT_ZERO_DTYPES))}
+    else:
+        zdtypes = [z for z in S.INT_ZERO_DTYPES if gran != "tensor" or S.WEIGHT_CODES[z].bits == 8]
+        zd = draw(st.sampled_from(zdtypes))
+        z = {"kind": "int", "dtype": zd}
+        zbits = S.WEIGHT_CODES[zd].bits
+        if zbits < 8:
+            z["pack"], Pz = draw(pack_dicts(zbits, axis="n" if gran == "channel" else None))
+            if z["pack"]["axis"] == "n":
+                dn = _lcm(dn, Pz)
+            else:
+                dk = _lcm(dk, group * Pz)
+        _maybe(draw, z, "offset", draw(st.integers(-2, 2)), 0)
+        b["zero"] = z
+    if draw(st.booleans()):
+        b["formula"] = draw(st.sampled_from(list(S.FORMULAS) + ["(q-z)*s", "q*s - z"]))
+    d["b"] = b
+
+    if draw(st.booleans()):
+        shape["N"] = draw(st.one_of(st.just("any"), st.integers(1, 64).map(lambda m: m * dn)))
+    if draw(st.booleans()):
+        shape["K"] = draw(st.one_of(st.just("any"), st.integers(1, 64).map(lambda m: m * dk)))
+    if shape:
+        d["shape"] = shape
+    out = draw(st.sampled_from(S.OUT_DTYPES))
+    _maybe(draw, d, "out", {"dtype": out}, {"dtype": "float16"})
+    if draw(st.booleans()):
+        d["epilogue"] = {"bias": draw(st.booleans()),
+                         "activation": draw(st.sampled_from(S.ACTIVATIONS))}
+    return d
+
+
+@HYP
+@given(valid_spec_dicts())
+def test_valid_specs_validate_and_round_trip(d):
+    spec = spec_from_dict(d)
+    hash(spec)                                              # frozen, tuples only
+    assert spec.name == d["name"] and spec.op == d["op"]
+    assert load_spec(yaml.safe_dump(d)) == spec             # the dict as a YAML file
+    canon = spec_to_yaml_dict(spec)
+    text = yaml.safe_dump(canon, sort_keys=False)
+    again = load_spec(text, filename="x.yaml")
+    assert again == spec
+    assert spec_to_yaml_dict(again) == canon
+    assert again.content_hash() == spec.content_hash()
+    if spec.b is not None:
+        w = spec.b
+        assert w.dtype == d["b"]["dtype"]
+        if w.pack is not None:
+            assert sorted(w.pack.order) == list(range(S.codes_per_container(w)))
+            assert isinstance(w.pack.order, tuple)
+        if w.codebook is not None:
+            assert isinstance(w.codebook, tuple) and len(w.codebook) == 1 << w.bits
+
+
+# --- generated broken specs -------------------------------------------------------------
+
+def _get(d, path):
+    for k in path:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def _mappings(d, path=()):
+    yield path
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _mappings(v, path + (k,))
+
+
+def m_unknown_key(d, draw):
+    mapping_paths = list(_mappings(d))
+    p = draw(st.sampled_from(mapping_paths))
+    _get(d, p)["bogus_key"] = 1
+    return ".".join(p + ("bogus_key",))
+
+
+BAD_VALUES = {
+    ("opgen",): [2, "1", 0, True],
+    ("name",): ["Has Space", "UPPER", 5, "", "dash-name"],
+    ("op",): ["conv", 1, None],
+    ("a", "dtype"): ["float64", "int4", 8],
+    ("a", "scale"): ["col", 1],
+    ("b", "dtype"): ["uint3", "fp32", ["uint4"]],
+    ("b", "layout"): ["tn", "NT", 0],
+    ("b", "pack", "container"): ["int16", "uint32", 32],
+    ("b", "pack", "axis"): ["m", "K", None],
+    ("b", "pack", "order"): ["abc", [0.5], "PDUP"],
+    ("b", "scale", "dtype"): ["float64", "fp8"],
+    ("b", "scale", "group"): ["abc", 0, -4, 1.5, True, "group"],
+    ("b", "scale", "layout"): ["xy", "kk"],
+    ("b", "zero", "kind"): ["maybe", "asym", 0],
+    ("b", "zero", "offset"): [0.5, "one"],
+    ("b", "zero", "value"): ["eight", 8.5],
+    ("b", "formula"): ["q + z", "(q - z) / s", 3],
+    ("b", "bits"): [0, 9, "four"],
+    ("accumulate",): ["float64", "fp16", 32],
+    ("out", "dtype"): ["int4", "float64", 16],
+    ("epilogue", "bias"): [3, "yes", None],
+    ("epilogue", "activation"): ["tanh", "ReLU", False],
+    ("shape", "M"): [0, -3, "any", 2.5],
+    ("shape", "N"): [0, "dynamic", "many"],
+    ("shape", "K"): [0, "dynamic", -128],
+}
+
+
+def m_bad_value(d, draw):
+    present = [p for p in BAD_VALUES if _get(d, p) is not None]
+    p = draw(st.sampled_from(present))
+    v = draw(st.sampled_from(BAD_VALUES[p]))
+    if v == "PDUP":                       # a repeated entry: not a permutation
+        v = [0] * len(_get(d, ("b", "pack", "order")))
+    _get(d, p[:-1])[p[-1]] = v
+    return ".".join(p)
+
+
+REQUIRED = [("opgen",), ("name",), ("op",), ("a",), ("a", "dtype"), ("b", "dtype"),
+            ("b", "pack", "container"), ("b", "pack", "axis"), ("b", "scale", "dtype"),
+            ("b", "scale", "group"), ("b", "zero", "kind"), ("out", "dtype"),
+            ("b", "bits"), ("b", "codebook")]
+
+
+def m_missing(d, draw):
+    present = [p for p in REQUIRED if _get(d, p) is not None]
+    if d["op"] == "matmul":
+        present.append(("b",))
+    p = draw(st.sampled_from(present))
+    del _get(d, p[:-1])[p[-1]]
+    return ".".join(p)
+
+
+def m_inconsistent(d, draw):
+    """One rule-breaking change; returns the field path the error must name."""
+    b = d.get("b")
+    a = d["a"]
+    cands = []
+    if d["op"] == "quantize":
+        cands += ["quant_b", "quant_bias", "quant_out", "quant_act"]
+    else:
+        cands += ["out_int8"]
+    if a["dtype"] in ("float16", "bfloat16"):
+        cands += ["a16_scale", "acc_int32"]
+    if a["dtype"] == "int8":
+        cands += ["int8_acc", "int8_noscale", "int8_wdtype"]
+    if a["dtype"] == "float8_e4m3":
+        cands += ["fp8_wdtype"]
+    if b is not None:
+        bits = b.get("bits") or S.WEIGHT_CODES[b["dtype"]].bits
+        cands += ["e8m0_channel", "codebook_len" if b["dtype"] == "codebook" else "codebook_extra"]
+        cands += ["drop_pack"] if bits < 8 else ["add_pack"]
+        if b["dtype"] in FLOAT_WEIGHT_DTYPES or "scale" not in b:
+            cands += ["zero_const"]
+        if "pack" in b:
+            cands += ["order_len"]
+            if b["pack"]["axis"] == "k" and isinstance(_get(b, ("scale", "group")), int):
+                cands += ["group_not_mult_p"]
+        if isinstance(_get(b, ("scale", "group")), int) and _get(d, ("shape", "K")) not in (None, "any"):
+            cands += ["group_not_div_k"]
+        z = b.get("zero", {})
+        if z.get("kind") == "int" and "pack" in z:
+            cands += ["zero_unpacked"]
+        if z.get("kind") == "const":
+            cands += ["const_novalue"]
+    c = draw(st.sampled_from(cands))
+    if c == "quant_b":
+        d["b"] = {"dtype": "float16"}
+        return "b"
+    if c == "quant_bias":
+        d["epilogue"] = {"bias": True}
+        return "epilogue.bias"
+    if c == "quant_out":
+        d["out"] = {"dtype": draw(st.sampled_from(S.OUT_DTYPES))}
+        return "out.dtype"
+    if c == "quant_act":
+        d["a"] = {"dtype": "int8", "scale": "row"}
+        return "a.dtype"
+    if c == "out_int8":
+        d["out"] = {"dtype": "int8"}
+        return "out.dtype"
+    if c == "a16_scale":
+        a["scale"] = "row"
+        return "a.scale"
+    if c == "acc_int32":
+        d["accumulate"] = "int32"
+        return "accumulate"
+    if c == "int8_acc":
+        d["accumulate"] = "float32"
+        return "accumulate"
+    if c == "int8_noscale":
+        del a["scale"]
+        return "a.scale"
+    if c == "int8_wdtype":
+        b["dtype"] = "uint8"
+        return "b.dtype"
+    if c == "fp8_wdtype":
+        b["dtype"] = "float8_e5m2"
+        return "b.dtype"
+    if c == "e8m0_channel":
+        b["scale"] = {"dtype": "e8m0", "group": draw(st.sampled_from(["channel", "tensor"]))}
+        return "b.scale.dtype"
+    if c == "codebook_len":
+        b["codebook"] = b["codebook"] + [0.0]
+        return "b.codebook"
+    if c == "codebook_extra":
+        key = draw(st.sampled_from(["codebook", "bits"]))
+        b[key] = [0.0, 1.0] if key == "codebook" else 1
+        return f"b.{key}"
+    if c == "drop_pack":
+        del b["pack"]
+        return "b.pack"
+    if c == "add_pack":
+        b["pack"] = {"container": "int32", "axis": "k"}
+        return "b.pack"
+    if c == "zero_const":
+        b["zero"] = {"kind": "const", "value": 1}
+        return "b.zero.kind"
+    if c == "order_len":
+        b["pack"]["order"] = list(range(S.CONTAINER_BITS[b["pack"]["container"]] + 1))
+        return "b.pack.order"
+    if c == "group_not_mult_p":
+        b["scale"]["group"] = b["scale"]["group"] + 1
+        return "b.scale.group"
+    if c == "group_not_div_k":
+        b["scale"]["group"] = d["shape"]["K"] + 1
+        return "b.scale.group"
+    if c == "zero_unpacked":
+        del b["zero"]["pack"]
+        return "b.zero.pack"
+    if c == "const_novalue":
+        del b["zero"]["value"]
+        return "b.zero.value"
+    raise AssertionError(c)
+
+
+MUTATIONS = [m_unknown_key, m_bad_value, m_missing, m_inconsistent]
+
+
+@st.composite
+def broken_spec_dicts(draw):
+    d = copy.deepcopy(draw(valid_spec_dicts()))
+    mutate = draw(st.sampled_from(MUTATIONS))
+    path = mutate(d, draw)
+    return d, path
+
+
+def _line_names(text, line, path, d):
+    """The YAML line an error points at names the field or its nearest present ancestor."""
+    keys = path.split(".")
+    while keys and _get(d, keys) is None and not (
+            _get(d, keys[:-1]) is not None and keys[-1] in (_get(d, keys[:-1]) or {})):
+        keys = keys[:-1]
+    if not keys:
+        return True
+    return f"{keys[-1]}:" in text.splitlines()[line - 1]
+
+
+@HYP
+@given(broken_spec_dicts())
+def test_broken_specs_report_the_field(case):
+    d, path = case
+    errs = _errors(spec_from_dict, d)
+    assert path in errs.paths, (path, str(errs))
+    assert all(isinstance(e, SpecError) and e.message for e in errs.errors)
+    text = yaml.safe_dump(d, sort_keys=False, default_flow_style=False)
+    ferrs = _errors(load_spec, text, filename="broken.yaml")
+    assert path in ferrs.paths, (path, str(ferrs))
+    for e in ferrs.errors:
+        assert e.file == "broken.yaml" and e.line >= 1
+    e = next(e for e in ferrs.errors if e.path == path)
+    assert _line_names(text, e.line, path, d), (text, str(e))
+
+
+# --- specific messages --------------------------------------------------------------------
+
+def _gptq():
+    return spec_to_yaml_dict(load_spec("gptq_v1_w4a16_g128"))
+
+
+def test_all_problems_reported_with_lines():
+    text = """\
+opgen: 1
+name: bad
+op: matmul
+a: {dtype: float16}
+b:
+  dtype: uint4
+  pack: {container: int32, axis: k, order: [0, 1, 2]}
+  scale: {dtype: e8m0, group: channel}
+  zero: {kind: int, dtype: uint4}
+epilogue: {bias: 3}
+colour: red
+"""
+    errs = _errors(load_spec, text, filename="f.yaml")
+    got = {(e.line, e.path) for e in errs.errors}
+    assert {(7, "b.pack.order"), (8, "b.scale.dtype"), (9, "b.zero.pack"),
+            (10, "epilogue.bias"), (11, "colour")} <= got
+    for line in str(errs).splitlines():
+        assert ERR_LINE.match(line), line
+    msgs = {e.path: e.message for e in errs.errors}
+    assert "(allowed:" in msgs["colour"] and "epilogue" in msgs["colour"]
+    assert "permutation of 0..7" in msgs["b.pack.order"]
+
+
+def test_allowed_values_listed():
+    d = _gptq()
+    d["b"]["dtype"] = "uint3"
+    d["b"]["scale"]["group"] = "abc"
+    errs = _errors(spec_from_dict, d)
+    msgs = {e.path: e.message for e in errs.errors}
+    assert "(allowed:" in msgs["b.dtype"] and "nf4" in msgs["b.dtype"]
+    assert "channel" in msgs["b.scale.group"] and "positive integer" in msgs["b.scale.group"]
+
+
+def test_float_format_zero_message():
+    d = spec_to_yaml_dict(load_spec("bnb_nf4"))
+    d["b"]["zero"] = {"kind": "float", "dtype": "float16"}
+    errs = _errors(spec_from_dict, d)
+    assert any(e.path == "b.zero.kind" and "format that has none" in e.message for e in errs.errors)
+
+
+def test_codebook_3_bits_cannot_pack():
+    d = _gptq()
+    d["b"] = {"dtype": "codebook", "bits": 3, "codebook": [float(i) for i in range(8)],
+              "pack": {"container": "int32", "axis": "k"}}
+    errs = _errors(spec_from_dict, d)
+    assert "b.pack.container" in errs.paths
+
+
+def test_group_must_be_multiple_of_p_and_divide_k():
+    d = _gptq()
+    d["b"]["scale"]["group"] = 12
+    d["shape"]["K"] = 4096
+    assert "b.scale.group" in _errors(spec_from_dict, d).paths
+    d["b"]["scale"]["group"] = 96
+    assert "b.scale.group" in _errors(spec_from_dict, d).paths   # 4096 % 96
+    d["shape"]["K"] = 96 * 8
+    spec_from_dict(d)
+
+
+def test_scale_layout_channel_is_canonical():
+    d = spec_to_yaml_dict(load_spec("w8a8_int8"))
+    d["b"]["scale"]["layout"] = "nk"
+    assert spec_from_dict(d) == load_spec("w8a8_int8")
+
+
+def test_malformed_yaml_and_non_mapping():
+    errs = _errors(load_spec, "opgen: 1\nname: [x\nop: matmul\n", filename="m.yaml")
+    assert len(errs) == 1 and errs.errors[0].path == "yaml" and errs.errors[0].line >= 2
+    errs = _errors(load_spec, "- 1\n- 2\n")
+    assert errs.paths == ["spec"]
+    errs = _errors(load_spec, "opgen: 1\nopgen: 1\n")
+    assert any(e.path == "opgen" and e.line == 2 and "duplicate" in e.message for e in errs.errors)
+
+
+def test_resolve_unknown_lists_shipped():
+    errs = _errors(resolve_spec, "no_such_spec")
+    assert "gptq_v1_w4a16_g128" in str(errs) and "bnb_nf4" in str(errs)
+
+
+def test_specialize_shape():
+    spec = load_spec("gptq_v1_w4a16_g128")
+    assert specialize_shape(spec, M=3, K=4096) == S.Shape(3, None, 4096)
+    with pytest.raises(UserError):
+        specialize_shape(spec, K=100)
+    fixed = spec_from_dict({**spec_to_yaml_dict(spec), "shape": {"K": 256}})
+    assert specialize_shape(fixed).K == 256
+    with pytest.raises(UserError, match="conflicts"):
+        specialize_shape(fixed, K=512)
+
+
+# --- CLI -----------------------------------------------------------------------------------
+
+BROKEN = """\
+opgen: 1
+name: broken
+op: matmul
+a: {dtype: float16}
+b:
+  dtype: uint4
+  pack: {container: int32, axis: q}
+  scale: {dtype: float16, group: abc}
+accumulate: int32
+"""
+
+
+def test_cli_check_ok(capsys, tmp_path):
+    assert main(["check", "gptq_v1_w4a16_g128"]) == 0
+    assert capsys.readouterr().out.strip() == "gptq_v1_w4a16_g128: ok (gptq_v1_w4a16_g128)"
+    f = tmp_path / "mine.yaml"
+    f.write_text(yaml.safe_dump(_gptq()))
+    assert main(["check", str(f)]) == 0
+    assert capsys.readouterr().out.strip() == f"{f}: ok (gptq_v1_w4a16_g128)"
+
+
+def test_cli_check_broken(capsys, tmp_path):
+    f = tmp_path / "broken.yaml"
+    f.write_text(BROKEN)
+    assert main(["check", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3
+    for line in err:
+        assert ERR_LINE.match(line) and line.startswith(f"{f}:"), line
+    assert any(":7: b.pack.axis:" in x for x in err)
+    assert any(":8: b.scale.group:" in x for x in err)
+    assert any(":9: accumulate:" in x for x in err)
+
+
+def test_cli_subprocess_no_traceback(tmp_path):
+    f = tmp_path / "broken.yaml"
+    f.write_text(BROKEN)
+    m = tmp_path / "malformed.yaml"
+    m.write_text("opgen: 1\nname: x\nb: {dtype: [uint4\n")
+    r = subprocess.run([sys.executable, "-m", "opgen", "check", str(f), str(m)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert all(ERR_LINE.match(x) for x in lines), r.stderr
+    assert any(x.startswith(f"{m}:") and ": yaml: " in x for x in lines)
+    assert re.search(rf"^{re.escape(str(m))}:[34]: yaml: malformed YAML", r.stderr, re.M)
+
+
+def test_cli_unknown_spec(capsys):
+    assert main(["check", "nope_not_a_spec"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "fp16" in err and "shipped" in err
+
+
+def test_cli_list(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in SHIPPED:
+        assert re.search(rf"^{name}\s+\S", out, re.M), name
+
+
+def test_cli_build_calls_build_spec(capsys, monkeypatch, tmp_path):
+    calls = []
+
+    def build_spec(spec, out_dir, arch, M=None, N=None, K=None):
+        calls.append((spec.name, Path(out_dir), arch, M, N, K))
+        return [Path(out_dir) / "a.cu", Path(out_dir) / "a.h"]
+
+    fake = types.ModuleType("opgen.codegen.build")
+    fake.build_spec = build_spec
+    monkeypatch.setitem(sys.modules, "opgen.codegen.build", fake)
+    rc = main(["build", "awq_w4a16_g128", "-o", str(tmp_path), "--arch", "sm_90",
+               "--K", "4096", "--N", "8192"])
+    assert rc == 0
+    assert calls == [("awq_w4a16_g128", tmp_path, "sm_90", None, 8192, 4096)]
+    assert capsys.readouterr().out.split() == [str(tmp_path / "a.cu"), str(tmp_path / "a.h")]
+    # sizes that do not fit the spec: one line, exit 2
+    assert main(["build", "awq_w4a16_g128", "-o", str(tmp_path), "--K", "100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("opgen: error: ")
+    assert len(calls) == 1
+
+
+def test_cli_table_has_commands():
+    assert {"check", "list", "build"} <= set(COMMANDS)
+    with pytest.raises(SystemExit) as ei:
+        main(["frobnicate"])
+    assert ei.value.code == 2

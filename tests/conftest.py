@@ -1,0 +1,51 @@
+"""Shared test setup: the `gpu` marker skips cleanly without a GPU, and GPU
+checks can record what they measured into a JSON results file
+(OPGEN_RESULTS=path) so that a run on the H200 leaves evidence behind."""
+import json
+import os
+
+import pytest
+
+_records = []
+
+
+def _has_gpu() -> bool:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+HAS_GPU = _has_gpu()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (CuPy found none)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def record():
+    """record(**fields): add one row to the GPU results file."""
+    def add(**fields):
+        _records.append(fields)
+    return add
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("OPGEN_RESULTS")
+    if path and _records:
+        info = {}
+        try:
+            from opgen.runtime import device
+            info = {"device": device.device_name(), "arch": device.current_arch(),
+                    "nvrtc": device.nvrtc_version()}
+        except Exception:
+            pass
+        with open(path, "w") as f:
+            json.dump({"env": info, "exitstatus": int(exitstatus), "checks": _records}, f, indent=1)
