@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import hw
 from .lower import Layout, Numerics, Vector, decode_plan, numerics, vector, weight_layout
+from .errors import UserError
 from .spec import Spec
 
 # Alignment rules every kernel relies on (documented in docs/spec.md).
@@ -19,7 +20,7 @@ K_ALIGN = 32     # K % 32 == 0: 16-byte rows for every packed format
 N_ALIGN = 8      # N % 8 == 0: output pairs and one mma n-tile
 
 
-class PlanError(ValueError):
+class PlanError(UserError):
     """A configuration (or shape) the kernels cannot run, with the reason."""
 
 
@@ -233,7 +234,7 @@ def all_configs(spec: Spec) -> List[Config]:
 def candidates(spec: Spec, arch: str, M: int, N: int, K: int) -> List[Config]:
     """Valid configurations worth timing for this problem size."""
     check_shape(spec, N, K)
-    out = []
+    out, why = [], {}
     for cfg in all_configs(spec):
         if cfg.family == "gemv" and (M > cfg.mmax or cfg.mmax >= 2 * max(M, 1) and cfg.mmax > 1):
             continue
@@ -247,10 +248,14 @@ def candidates(spec: Spec, arch: str, M: int, N: int, K: int) -> List[Config]:
                 continue
         try:
             g = geometry(spec, cfg, arch)
-        except PlanError:
+        except PlanError as e:
+            why[str(e)] = why.get(str(e), 0) + 1
             continue
         if shape_ok(g, cfg, N, K):
             out.append(cfg)
+    if not out and why:
+        raise PlanError(f"no kernel configuration fits {spec.name} on {arch} at N={N}, K={K}: "
+                        + max(why, key=why.get))
     return out
 
 
@@ -259,17 +264,13 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     that fills the SMs with the fewest, largest tiles; split-K when too few."""
     cands = candidates(spec, arch, M, N, K)
     if not cands:
-        raise PlanError(f"no kernel configuration fits {spec.name} at N={N}, K={K}")
-    if M <= 4:
-        gemv = [c for c in cands if c.family == "gemv"]
-        if gemv:
-            rows = N if weight_layout(spec).row_axis == "n" else N // 4
-            want_split = 1
-            for c in gemv:
-                pass
-            blocks = lambda c: (rows / (c.warps if weight_layout(spec).row_axis == "n" else 32)) * c.split_k
-            best = sorted(gemv, key=lambda c: (blocks(c) < 2 * sms, c.vbytes != 16, c.warps != 4, c.split_k))
-            return best[0]
+        raise PlanError(f"no kernel configuration fits {spec.name} on {arch} at N={N}, K={K}")
+    gemv = [c for c in cands if c.family == "gemv"]
+    if M <= 4 and gemv:
+        # Enough blocks for two waves, the widest loads, the fewest split-K slices.
+        per_block = lambda c: c.warps if weight_layout(spec).row_axis == "n" else 32 * 4
+        blocks = lambda c: N / per_block(c) * c.split_k
+        return min(gemv, key=lambda c: (blocks(c) < 2 * sms, -c.vbytes, c.warps != 4, c.split_k))
 
     def score(c: Config):
         if c.family != "gemm":

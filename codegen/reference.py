@@ -36,6 +36,7 @@ from .spec import (CONTAINER_BITS, WEIGHT_CODES, Pack, Scale, Spec, Weight,
 
 __all__ = [
     "QuantizedWeight", "code_values", "code_range", "encode_codes", "decode_storage",
+    "encode_zeros", "decode_zeros",
     "random_codes", "random_weight_tensors", "quantize", "dequantize",
     "scales_nk", "zeros_nk", "quantize_activation", "activation_to_float",
     "random_activation", "reference_matmul", "reference_matmul_f32",
@@ -262,12 +263,7 @@ def _zero_pack_axis(w: Weight) -> int:
 
 def _encode_int_zeros(w: Weight, stored_logical: np.ndarray) -> np.ndarray:
     """Integer stored zero codes, logical [R, G] -> stored array."""
-    z = w.zero
-    zc = WEIGHT_CODES[z.dtype]
-    arr = _to_layout(w.scale, stored_logical)
-    if z.pack is None:
-        return arr.astype(np.int8 if zc.kind == "int" else np.uint8)
-    return _pack(arr, _zero_pack_axis(w), zc.bits, z.pack)
+    return encode_zeros(w, _to_layout(w.scale, stored_logical))
 
 
 def _decode_int_zeros(w: Weight, stored: np.ndarray) -> np.ndarray:
@@ -278,6 +274,29 @@ def _decode_int_zeros(w: Weight, stored: np.ndarray) -> np.ndarray:
         return np.asarray(stored).astype(np.int64)
     raw = _unpack(stored, _zero_pack_axis(w), zc.bits, z.pack)
     return _signed(raw, zc.bits) if zc.kind == "int" else raw
+
+
+def encode_zeros(spec: SpecLike, stored_values: np.ndarray) -> np.ndarray:
+    """Int zero points as stored integers (z - offset), laid out like the
+    scales (shape `scale_shape`) -> the stored zeros array (packed per
+    zero.pack, or one np.uint8 / np.int8 per element)."""
+    w = _weight(spec)
+    if w.zero.kind != "int":
+        raise ValueError("encode_zeros is for zero kind int")
+    zc = WEIGHT_CODES[w.zero.dtype]
+    arr = np.asarray(stored_values, dtype=np.int64)
+    if w.zero.pack is None:
+        return arr.astype(np.int8 if zc.kind == "int" else np.uint8)
+    return np.ascontiguousarray(_pack(arr, _zero_pack_axis(w), zc.bits, w.zero.pack))
+
+
+def decode_zeros(spec: SpecLike, zeros: np.ndarray) -> np.ndarray:
+    """Inverse of encode_zeros: the stored integers (z - offset, int64),
+    laid out like the scales."""
+    w = _weight(spec)
+    if w.zero.kind != "int":
+        raise ValueError("decode_zeros is for zero kind int")
+    return _decode_int_zeros(w, zeros)
 
 
 def _scale_logical(w: Weight, tensors: dict, N: int, K: int) -> np.ndarray:
@@ -395,10 +414,8 @@ def _store_scale(w: Weight, s_ideal: np.ndarray) -> Tuple[np.ndarray, np.ndarray
     dt = w.scale.dtype
     s_ideal = np.where(np.isfinite(s_ideal) & (s_ideal > 0), s_ideal, 1.0)
     s_ideal = np.clip(s_ideal, nx.min_positive(dt), nx.max_finite(dt))
-    stored = nx.to_storage(_to_layout(w.scale, s_ideal), w.scale.dtype)
-    N_or_1 = s_ideal.shape[0]
-    eff = _from_layout(w.scale, nx.from_storage(stored, w.scale.dtype), N_or_1, 0)
-    return stored, np.asarray(eff, dtype=np.float32).reshape(s_ideal.shape)
+    stored_logical = nx.to_storage(s_ideal, dt)            # elementwise rounding
+    return _to_layout(w.scale, stored_logical), nx.from_storage(stored_logical, dt)
 
 
 def _int_zero_codes(w: Weight, z_ideal: np.ndarray, up: bool = False) -> np.ndarray:
@@ -434,65 +451,69 @@ def quantize(spec: SpecLike, w_real: np.ndarray) -> QuantizedWeight:
     A block of zeros gets scale 1.
     """
     w = _weight(spec)
-    code = weight_code(w)
     x = np.asarray(w_real, dtype=np.float32)
     if x.ndim != 2:
         raise ValueError("quantize expects a 2-D [N, K] weight")
     N, K = x.shape
-    out = QuantizedWeight()
-    blk = _blocks(w, x).astype(np.float64)            # [R, G, L]
-    z_kind = w.zero.kind
-    zeros_logical = None
-
-    lo, hi = code_range(w)
-    # block range with 0 forced in, so that 0 is (nearly) representable
-    mn = np.minimum(blk.min(axis=-1), 0.0)
-    mx = np.maximum(blk.max(axis=-1), 0.0)
-    if w.scale is None:
-        s_eff = np.ones(blk.shape[:2], np.float32)
-    else:
-        if w.dtype in ("float16", "bfloat16"):
-            s_ideal = np.ones(blk.shape[:2])
-        elif z_kind in ("int", "float"):
-            s_ideal = (mx - mn) / (hi - lo)
-            if z_kind == "int" and w.formula == "q * s - z":
-                # here z is an unscaled integer, so rounding it moves the
-                # window by up to 1/2 in real units: fix z first, then widen
-                # s until [min, max] + z fits [lo*s, hi*s]
-                stored_z = _int_zero_codes(w, lo * s_ideal - mn, up=lo >= 0)
-                z = (stored_z + w.zero.offset).astype(np.float64)
-                s_ideal = np.maximum((mx + z) / hi if hi > 0 else 0.0,
-                                     (mn + z) / lo if lo < 0 else 0.0)
-        elif code.kind == "ternary" and z_kind == "none":
-            s_ideal = np.abs(blk).mean(axis=-1)
-        else:
-            s_ideal = _fit_scale_fixed_zero(w, blk, float(w.zero.value if z_kind == "const" else 0))
+    out = {}
+    s_eff = np.ones((1, 1), np.float32)
+    if w.scale is not None:
+        blk = _blocks(w, x).astype(np.float64)                  # [R, G, L]
+        # block range with 0 forced in, so that 0 stays (nearly) representable
+        mn = np.minimum(blk.min(axis=-1), 0.0)
+        mx = np.maximum(blk.max(axis=-1), 0.0)
+        s_ideal, stored_z = _ideal_scale(w, blk, mn, mx)
         out["scales"], s_eff = _store_scale(w, s_ideal)
+        if w.zero.kind in ("int", "float"):
+            out["zeros"] = _fitted_zeros(w, s_eff, mn, stored_z)
 
-        if z_kind in ("int", "float"):
-            s64 = s_eff.astype(np.float64)
-            if w.formula == "(q - z) * s":
-                z_ideal = lo - mn / s64
-            else:
-                z_ideal = lo * s64 - mn
-            if z_kind == "int":
-                if w.formula == "(q - z) * s":
-                    stored_z = _int_zero_codes(w, z_ideal)
-                out["zeros"] = _encode_int_zeros(w, stored_z)
-            else:
-                out["zeros"] = nx.to_storage(_to_layout(w.scale, z_ideal), w.zero.dtype)
-            zeros_logical = _zero_logical(w, out, N, K)
-
-    if zeros_logical is None:
-        zeros_logical = _zero_logical(w, out, N, K)
     s_el = _expand(s_eff, N, K).astype(np.float32)
-    z_el = _expand(zeros_logical, N, K).astype(np.float32)
+    z_el = _expand(_zero_logical(w, out, N, K), N, K).astype(np.float32)
     if w.formula == "(q - z) * s":
         target = x / s_el + z_el
     else:
         target = (x + z_el) / s_el
     qweight = encode_codes(w, _values_to_raw(w, target))
     return QuantizedWeight(qweight=qweight, **out)
+
+
+def _ideal_scale(w: Weight, blk, mn, mx):
+    """-> (ideal logical scale [R, G], stored int zeros or None). See quantize."""
+    lo, hi = code_range(w)
+    z_kind = w.zero.kind
+    if w.dtype in ("float16", "bfloat16"):
+        return np.ones(blk.shape[:2]), None
+    if weight_code(w).kind == "ternary" and z_kind == "none":
+        return np.abs(blk).mean(axis=-1), None
+    if z_kind in ("none", "const"):
+        return _fit_scale_fixed_zero(w, blk, float(w.zero.value if z_kind == "const" else 0)), None
+    s = (mx - mn) / (hi - lo)
+    if z_kind == "int" and w.formula == "q * s - z":
+        # z is an unscaled integer here, so rounding it would move the window
+        # by up to 1/2 in real units: fix z first (rounding up for uint codes,
+        # whose window cannot go below 0), then widen s so that
+        # [min, max] + z fits [lo*s, hi*s]
+        stored_z = _int_zero_codes(w, lo * s - mn, up=lo >= 0)
+        z = (stored_z + w.zero.offset).astype(np.float64)
+        s = np.maximum((mx + z) / hi if hi > 0 else 0.0, (mn + z) / lo if lo < 0 else 0.0)
+        return s, stored_z
+    return s, None
+
+
+def _fitted_zeros(w: Weight, s_eff: np.ndarray, mn: np.ndarray, stored_z) -> np.ndarray:
+    """Stored zeros (kinds int / float) putting the block minimum at code lo,
+    computed from the *stored* scale."""
+    lo, _ = code_range(w)
+    s64 = s_eff.astype(np.float64)
+    if w.formula == "(q - z) * s":
+        z_ideal = lo - mn / s64                 # lo = min/s + z
+    else:
+        z_ideal = lo * s64 - mn                 # lo*s = min + z
+    if w.zero.kind == "float":
+        return nx.to_storage(_to_layout(w.scale, z_ideal), w.zero.dtype)
+    if stored_z is None:
+        stored_z = _int_zero_codes(w, z_ideal)
+    return _encode_int_zeros(w, stored_z)
 
 
 # --- random tensors ---------------------------------------------------------------------
@@ -520,12 +541,10 @@ def _random_zero(w: Weight, s_eff: np.ndarray, rng: np.random.Generator) -> np.n
     lo, hi = code_range(w)
     if z.kind == "int":
         # stored codes whose zero point (stored + offset) lies in the code
-        # range, as real zero points do; the whole stored range if none does
+        # range, as real zero points do (or the storable ones nearest to it)
         zc = WEIGHT_CODES[z.dtype]
-        s_lo = max(zc.lo, math.ceil(lo) - z.offset)
-        s_hi = min(zc.hi, math.floor(hi) - z.offset)
-        if s_lo > s_hi:
-            s_lo, s_hi = zc.lo, zc.hi
+        s_lo, s_hi = sorted(int(np.clip(v - z.offset, zc.lo, zc.hi))
+                            for v in (math.ceil(lo), math.floor(hi)))
         stored = rng.integers(s_lo, s_hi + 1, size=s_eff.shape, dtype=np.int64)
         return _encode_int_zeros(w, stored)
     z_codes = rng.uniform(lo, hi, size=s_eff.shape)            # in code units
@@ -549,8 +568,8 @@ def random_weight_tensors(spec: SpecLike, N: int, K: int,
         if w.scale is not None:
             lo, hi = code_range(w)
             unit = 1.0 / (max(abs(lo), abs(hi), 1.0) * math.sqrt(K))
-            R = 1 if w.scale.granularity == "tensor" else N
-            shape = (R, _ngroups(w.scale, K))
+            rows = 1 if w.scale.granularity == "tensor" else N
+            shape = (rows, _ngroups(w.scale, K))
             if w.scale.dtype == "e8m0":
                 e = round(math.log2(unit)) + rng.integers(-1, 2, size=shape)
                 s_ideal = np.ldexp(1.0, e)
@@ -569,16 +588,19 @@ def random_weight_tensors(spec: SpecLike, N: int, K: int,
 # --- activations -----------------------------------------------------------------------
 
 
+def _float_or_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 values of an array that is either real values (any float
+    dtype) or bfloat16 bit patterns (np.uint16): the numpy dtype says which."""
+    x = np.asarray(x)
+    if x.dtype == np.uint16:
+        return nx.bf16_bits_to_f32(x)
+    if not np.issubdtype(x.dtype, np.floating):
+        raise TypeError(f"expected float values or bfloat16 bits (uint16), got {x.dtype}")
+    return x.astype(np.float32)
+
+
 def _quant_target(spec: Spec) -> str:
     return spec.out.dtype if spec.op == "quantize" else spec.a.dtype
-
-
-def _input_to_float(spec: Spec, a: np.ndarray) -> np.ndarray:
-    """An op-"quantize" input or real activation values -> float32."""
-    a = np.asarray(a)
-    if a.dtype == np.uint16:            # bfloat16 bits
-        return nx.bf16_bits_to_f32(a)
-    return a.astype(np.float32)
 
 
 def quantize_activation(spec: Spec, a: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -596,7 +618,7 @@ def quantize_activation(spec: Spec, a: np.ndarray) -> Tuple[np.ndarray, np.ndarr
     kernels free of 0/0). Returns (codes, a_scale float32 [M]).
     """
     target = _quant_target(spec)
-    x = _input_to_float(spec, a)
+    x = _float_or_bf16_bits(a)
     amax = np.abs(x).max(axis=-1)
     if target == "int8":
         qmax = np.float32(127.0)
@@ -616,13 +638,12 @@ def quantize_activation(spec: Spec, a: np.ndarray) -> Tuple[np.ndarray, np.ndarr
 
 def activation_to_float(spec: Spec, a: np.ndarray, a_scale: Optional[np.ndarray] = None) -> np.ndarray:
     """A stored activation (spec.a.dtype) -> real values float32 [M, K];
-    int8 / fp8 codes are multiplied by the per-row a_scale (in float32)."""
+    int8 / fp8 codes are multiplied by the per-row a_scale (in float32).
+    float16 / bfloat16 activations may also be given as real float values."""
     dt = spec.a.dtype
     a = np.asarray(a)
-    if dt == "float16":
-        return a.astype(np.float16).astype(np.float32)
-    if dt == "bfloat16":
-        return nx.bf16_bits_to_f32(a)
+    if dt in ("float16", "bfloat16"):
+        return _float_or_bf16_bits(a)
     vals = a.astype(np.float32) if dt == "int8" else nx.fp8_e4m3_to_f32(a)
     if a_scale is None:
         if spec.a.scale == "row":
@@ -687,10 +708,16 @@ def _int_matmul(spec: Spec, a: np.ndarray, a_scale, tensors: dict, N: int, K: in
     G = s.shape[1]
     L = K // G
     ai = np.asarray(a).astype(np.int64)
+    # Integer products summed in float64 (BLAS, fast) are exact while every
+    # partial sum stays below 2**53; check the worst case rather than assume.
+    bound = int(np.abs(ai).max(initial=0)) * int(np.abs(qz).max(initial=0)) * L
+    if bound >= 2**53:
+        raise ValueError("int32-accumulate reference: group too long for exact float64 sums")
+    af, qf = ai.astype(np.float64), qz.astype(np.float64)
     acc = np.zeros((ai.shape[0], N), np.float64)
     for g in range(G):
-        part = ai[:, g * L:(g + 1) * L] @ qz[:, g * L:(g + 1) * L].T     # exact int64
-        acc += part.astype(np.float64) * s[:, g][None, :]
+        part = af[:, g * L:(g + 1) * L] @ qf[:, g * L:(g + 1) * L].T    # exact integers
+        acc += part * s[:, g][None, :]
     if a_scale is not None:
         acc *= np.asarray(a_scale, dtype=np.float32).astype(np.float64)[:, None]
     elif spec.a.scale == "row":
@@ -704,8 +731,9 @@ def reference_matmul_f32(spec: Spec, a: np.ndarray, tensors: dict,
     """act(a_real @ W^T + bias) computed in float64, rounded once to float32.
 
     a: stored activation [M, K] (see activation_to_float); tensors: stored
-    weight tensors; bias: [N] in the out dtype's storage (float16 / bfloat16
-    bits / float32), required iff spec.epilogue.bias.
+    weight tensors; bias: [N], required iff spec.epilogue.bias, in the out
+    dtype's storage (float16 / bfloat16 bits as np.uint16 / float32) - or any
+    float array of real values (the numpy dtype tells bits from values).
     """
     if spec.op != "matmul":
         raise ValueError(f"spec {spec.name!r} is op {spec.op}, not a matmul")
@@ -721,7 +749,7 @@ def reference_matmul_f32(spec: Spec, a: np.ndarray, tensors: dict,
     if spec.epilogue.bias:
         if bias is None:
             raise ValueError(f"spec {spec.name!r} has a bias: pass bias=")
-        acc = acc + nx.from_storage(np.asarray(bias).reshape(N), spec.out.dtype).astype(np.float64)
+        acc = acc + _float_or_bf16_bits(bias).reshape(N).astype(np.float64)
     elif bias is not None:
         raise ValueError(f"spec {spec.name!r} has no bias in its epilogue")
     return _activation(spec.epilogue.activation, acc).astype(np.float32)

@@ -1,2 +1,8 @@
 """opgen: YAML operator specs -> tuned CUDA kernels for quantized matmuls."""
 __version__ = "0.1.0"
+
+
+def load(spec, N: int, K: int, **kw):
+    """A callable matmul op: `opgen.load("gptq_v2_w4a16_g128", N=4096, K=4096)(a, qweight, scales, zeros)`."""
+    from opgen.runtime.op import load as _load
+    return _load(spec, N, K, **kw)

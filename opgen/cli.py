@@ -165,6 +165,10 @@ def make_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
         cmd.configure(p)
         p.set_defaults(_run=cmd.run)
+    # tune and db live with the tuner and its database; they set args.func.
+    from opgen.runtime import tuner, tuning_db
+    tuner.add_cli(sub)
+    tuning_db.add_cli(sub)
     return parser
 
 
@@ -172,7 +176,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)          # usage errors: argparse exits 2
     try:
-        rc = args._run(args)
+        run = getattr(args, "_run", None) or args.func
+        rc = run(args)
     except SpecErrors as e:
         sys.stdout.flush()
         for err in e.errors:
@@ -184,6 +189,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USAGE
     except BrokenPipeError:  # e.g. `opgen list | head`
         return 0
+    except (RuntimeError, OSError) as e:   # CompileError, missing CUDA, unreadable file
+        sys.stdout.flush()
+        print(f"opgen: error: {e}", file=sys.stderr)
+        return 1
     return 0 if rc is None else int(rc)
 
 

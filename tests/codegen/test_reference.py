@@ -56,8 +56,12 @@ def weights(draw):
     if dtype == "codebook":
         cbits = draw(st.sampled_from((1, 2, 4, 8)))
         n_entries = draw(st.integers(2, 1 << cbits))
-        vals = draw(st.lists(st.floats(-4, 4, width=32), min_size=n_entries,
+        # entries on a 1/64 grid in [-4, 4]: realistic magnitudes (a table
+        # whose largest entry is 1e-45 needs scales no dtype holds)
+        vals = draw(st.lists(st.integers(-256, 256).map(lambda i: i / 64), min_size=n_entries,
                              max_size=n_entries, unique=True))
+        if not any(vals):
+            vals[0] = 1.0
         codebook = tuple(sorted(vals)) if draw(st.booleans()) else tuple(vals)
     bits = cbits or WEIGHT_CODES[dtype].bits
     pack = draw(_pack(bits)) if bits < 8 else None
@@ -392,10 +396,12 @@ def test_reference_matmul(wnk, adt, odt, bias_on, act, seed):
     want = a_real @ R.dequantize(w, t, N, K).astype(np.float64).T
     if bias_on:
         want = want + nx.from_storage(bias, odt)
-    want = ACTS[act](want)
+    with np.errstate(over="ignore"):
+        want = ACTS[act](want)
     got = R.reference_matmul_f32(spec, a, t, a_scale, bias)
     assert got.dtype == np.float32 and got.shape == (M, N)
-    assert np.allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+    # (+1e-37: values below float32's normal range round to 0 or subnormals)
+    assert np.allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max() + 1e-37)
     out = R.reference_matmul(spec, a, t, a_scale, bias)
     assert out.dtype == nx.FLOAT_STORAGE_DTYPES[odt]
     assert np.array_equal(out.view(np.uint8), nx.to_storage(got, odt).view(np.uint8))
@@ -427,6 +433,11 @@ def test_int32_accumulate_matches_float_path(wdt, zero, gran):
     got = R.reference_matmul_f32(int_spec, a, t, a_scale)
     want = R.reference_matmul_f32(f_spec, a, t, a_scale)
     assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
+    if gran == "channel":       # exact integer sums, then * s_w[n] * a_scale[m]
+        qz = (R.code_values(w, R.decode_storage(w, t["qweight"])) - R.zeros_nk(w, t, N, K))
+        acc = a.astype(np.int64) @ qz.astype(np.int64).T
+        exact = acc * t["scales"].astype(np.float64)[None, :] * a_scale.astype(np.float64)[:, None]
+        assert np.array_equal(got, exact.astype(np.float32))
 
 
 def test_bias_required_when_declared():
@@ -438,6 +449,13 @@ def test_bias_required_when_declared():
         R.reference_matmul(spec, a, t)
     out = R.reference_matmul(spec, a, t, bias=np.arange(4, dtype=np.float16))
     assert out.tolist() == [[8, 9, 10, 11]] * 2
+    # a bfloat16 bias as bits (np.uint16) or as real float values: same result
+    bf = Spec("t", "matmul", Activation("float16"), w, Output("bfloat16"), epilogue=Epilogue(True))
+    vals = np.array([0.5, -1.25, 3.0, 0.0], np.float32)
+    by_bits = R.reference_matmul(bf, a, t, bias=nx.f32_to_bf16_bits(vals))
+    assert by_bits.dtype == np.uint16
+    assert np.array_equal(by_bits, R.reference_matmul(bf, a, t, bias=vals))
+    assert nx.bf16_bits_to_f32(by_bits[0]).tolist() == [8.5, 6.75, 11.0, 8.0]
 
 
 # --- activation quantization ----------------------------------------------------------------

@@ -1,0 +1,79 @@
+"""CPU-only checks of the generated kernels: every shipped spec compiles for
+every arch through NVRTC (no GPU needed); the SASS of the default GEMM
+kernels holds the tensor-core, ldmatrix and cp.async instructions; ptxas
+reports no spills or local memory for the default configs."""
+import re
+
+import pytest
+
+from opgen.codegen import planner
+from opgen.codegen.build import build_spec
+from opgen.codegen.validate import load_spec, shipped_specs
+from opgen.runtime import compiler
+
+SPECS = sorted(shipped_specs())
+ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90"]
+
+
+def spec(name):
+    return load_spec(shipped_specs()[name])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", SPECS)
+def test_build_every_spec(name, arch, tmp_path):
+    s = spec(name)
+    if s.a.dtype == "float8_e4m3" and arch in ("sm_80", "sm_86"):
+        with pytest.raises(planner.PlanError, match="sm_89"):
+            build_spec(s, tmp_path, arch)
+        return
+    paths = build_spec(s, tmp_path, arch, M=16 if arch != "sm_90" else None)
+    assert any(p.suffix == ".cu" for p in paths)
+    assert any(p.suffix == ".cubin" and p.stat().st_size > 1000 for p in paths)
+    assert (tmp_path / "plan.json").exists()
+
+
+MMA_OP = {"int8": "IMMA", "float16": "HMMA", "bfloat16": "HMMA", "float8_e4m3": "HMMA"}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("M", [16, 256, 4096])
+@pytest.mark.parametrize("name", [n for n in SPECS if spec(n).op == "matmul"])
+def test_default_gemm_sass_and_resources(name, M, arch):
+    s = spec(name)
+    if s.a.dtype == "float8_e4m3" and arch == "sm_80":
+        pytest.skip("fp8 mma needs sm_89+")
+    cfg = planner.heuristic(s, arch, M, 4096, 4096)
+    assert cfg.family == "gemm"
+    c = compiler.compile_kernel(s, cfg, arch)
+    res = c.resources
+    assert res["spill_bytes"] == 0, f"{cfg.name}: {res}"
+    if compiler.find_nvdisasm() is None:
+        pytest.skip("nvdisasm not installed (extra 'sass')")
+    sass = compiler.disassemble(c.cubin)
+    for op in (MMA_OP[s.a.dtype], "LDSM", "LDGSTS"):
+        assert re.search(rf"\b{op}\b", sass), f"{cfg.name}: no {op} in SASS"
+    assert not re.search(r"\b(LDL|STL)\b", sass), f"{cfg.name}: local memory in SASS"
+
+
+def test_alignment_rule_is_stated():
+    s = spec("gptq_v2_w4a16_g128")
+    with pytest.raises(planner.PlanError, match="multiple of 32"):
+        planner.candidates(s, "sm_90", 1, 4096, 4100)
+    with pytest.raises(planner.PlanError, match="multiple of 8"):
+        planner.candidates(s, "sm_90", 1, 4100, 4096)
+
+
+def test_cache_key_and_atomic_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
+    s = spec("w4a16_sym_g128")
+    cfg = planner.heuristic(s, "sm_90", 16, 4096, 4096)
+    a = compiler.compile_kernel(s, cfg, "sm_90")
+    files = sorted(p.name for p in (tmp_path / "cubin").iterdir())
+    assert len([f for f in files if f.endswith(".cubin")]) == 1
+    assert not [f for f in files if f.endswith(".tmp")]
+    b = compiler.compile_kernel(s, cfg, "sm_90")       # from the cache
+    assert a.cubin == b.cubin
+    c = compiler.compile_kernel(s, cfg, "sm_80")        # arch is part of the key
+    assert len(list((tmp_path / "cubin").glob("*.cubin"))) == 2
+    assert c.cubin != a.cubin
