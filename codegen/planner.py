@@ -18,6 +18,7 @@ from .spec import Spec
 # Alignment rules every kernel relies on (documented in docs/spec.md).
 K_ALIGN = 32     # K % 32 == 0: 16-byte rows for every packed format
 N_ALIGN = 8      # N % 8 == 0: output pairs and one mma n-tile
+STATIC_SMEM_RESERVE = 1024
 
 
 class PlanError(UserError):
@@ -145,7 +146,8 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     if cfg.stages < 2 + (0 if num.dense else 1):
         raise PlanError("decoded weights need at least 3 pipeline stages")
     smem = cfg.stages * (BM * BK * ce + b_stage) + bs
-    if smem > a.smem_per_block:
+    # Static shared memory (codebook, split-K flag) shares the opt-in limit.
+    if smem + STATIC_SMEM_RESERVE > a.smem_per_block:
         raise PlanError(f"{smem} bytes of shared memory > {a.smem_per_block} on {arch}")
     acc_regs = (WM // 16) * (WN // 8) * 4
     if acc_regs > 64:

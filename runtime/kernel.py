@@ -26,7 +26,8 @@ class Kernel:
         self.geometry = self.compiled.geometry
         smem = self.geometry.get("smem", 0)
         if smem > 48 * 1024:
-            self.fn.max_dynamic_shared_size_bytes = smem
+            # cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8)
+            cupy.cuda.driver.funcSetAttribute(self.fn.ptr, 8, smem)
         self._ws = {}     # (device, stream) -> (workspace, counters, capacity)
 
     def grid(self, M: int, N: int, K: int) -> tuple:

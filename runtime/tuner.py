@@ -393,13 +393,10 @@ def _out_to_f32(spec, host: np.ndarray) -> np.ndarray:
 
 
 def _random_bias(spec, N, rng):
-    """A bias in the output dtype (float32 storage for bf16 output), with
-    values k/8 in [-2, 2] that every output dtype holds exactly."""
-    from opgen.codegen import reference
-    if hasattr(reference, "random_bias"):
-        return reference.random_bias(spec, N, rng)
-    vals = rng.integers(-16, 17, size=N).astype(np.float32) / 8
-    return vals.astype(np.float16) if spec.out.dtype == "float16" else vals
+    """A bias in the out dtype's storage (bfloat16 as uint16 bits), with values
+    k/8 in [-2, 2] that every output dtype holds exactly."""
+    from opgen.codegen.numerics import to_storage
+    return to_storage(rng.integers(-16, 17, size=N).astype(np.float32) / 8, spec.out.dtype)
 
 
 @dataclass
@@ -560,7 +557,7 @@ class _Bench:
     def _kernel(self, cfg):
         if cfg not in self._kernels:
             from opgen.runtime.kernel import Kernel
-            self._kernels[cfg] = Kernel(self.spec, cfg, self.arch, self.N, self.K)
+            self._kernels[cfg] = Kernel(self.spec, cfg, self.arch)
         return self._kernels[cfg]
 
     def time(self, cfg, best_us=None, *, budget_ms=BUDGET_MS, repeats=None,

@@ -34,10 +34,15 @@ def record():
     """record(**fields): add one row to the GPU results file."""
     def add(**fields):
         _records.append(fields)
+        _write(exitstatus=None)   # keep the file current: a killed run still leaves evidence
     return add
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _write(exitstatus)
+
+
+def _write(exitstatus):
     path = os.environ.get("OPGEN_RESULTS")
     if path and _records:
         info = {}
@@ -48,4 +53,5 @@ def pytest_sessionfinish(session, exitstatus):
         except Exception:
             pass
         with open(path, "w") as f:
-            json.dump({"env": info, "exitstatus": int(exitstatus), "checks": _records}, f, indent=1)
+            json.dump({"env": info, "exitstatus": exitstatus if exitstatus is None else int(exitstatus),
+                       "checks": _records}, f, indent=1)

@@ -292,7 +292,7 @@ def test_tune_end_to_end(tmp_path):
         if rec["heuristic_us"] is not None and not rec.get("rejected"):
             assert rec["median_us"] <= rec["heuristic_us"]
         # The stored winner, rebuilt from the DB, computes the right answer.
-        kernel = Kernel(spec, Config.from_dict(rec["config"]), current_arch(), N, K)
+        kernel = Kernel(spec, Config.from_dict(rec["config"]), current_arch())
         host = tuner._Problem.random(spec, M, N, K, np.random.default_rng(123))
         dev = host.to_device()
         out = cp.full((M, N), tuner._poison(spec), dtype=tuner._out_dtype(spec))
