@@ -38,13 +38,15 @@ class Config:
     warps: int = 4         # gemv: warps per block
     vbytes: int = 16       # gemv: bytes per weight vector load
     mmax: int = 8          # gemv: most rows of a it handles (M <= mmax)
+    min_blocks: int = 1    # gemm: blocks per SM asked of ptxas (__launch_bounds__)
 
     @property
     def name(self) -> str:
         if self.family == "gemv":
             return f"gemv_m{self.mmax}_w{self.warps}_v{self.vbytes}_s{self.split_k}"
+        occ = f"_o{self.min_blocks}" if self.min_blocks != 1 else ""
         return (f"gemm_{self.BM}x{self.BN}x{self.BK}_w{self.WM}x{self.WN}"
-                f"_p{self.stages}_s{self.split_k}")
+                f"_p{self.stages}_s{self.split_k}{occ}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -149,6 +151,8 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     # Static shared memory (codebook, split-K flag) shares the opt-in limit.
     if smem + STATIC_SMEM_RESERVE > a.smem_per_block:
         raise PlanError(f"{smem} bytes of shared memory > {a.smem_per_block} on {arch}")
+    if cfg.min_blocks > 1 and cfg.min_blocks * (smem + STATIC_SMEM_RESERVE) > a.smem_per_sm:
+        raise PlanError(f"{cfg.min_blocks} blocks of {smem} bytes do not fit one SM")
     acc_regs = (WM // 16) * (WN // 8) * 4
     if acc_regs > 64:
         raise PlanError(f"{acc_regs} accumulator registers per thread")
@@ -225,6 +229,8 @@ def all_configs(spec: Spec) -> List[Config]:
         for stages in (3, 4, 5):
             for sk in (1, 2, 4, 8):
                 out.append(Config("gemm", BM, BN, BK, WM, WN, stages, sk))
+                if BM >= 64:   # two resident blocks: 128 registers for 256 threads
+                    out.append(Config("gemm", BM, BN, BK, WM, WN, stages, sk, min_blocks=2))
     for mmax in (1, 2, 4, 8):
         for warps in (4, 8):
             for vb in (16, 8, 4):
@@ -279,5 +285,6 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
             return (9, 0, 0)
         tiles = -(-N // c.BN) * -(-M // c.BM) * c.split_k
         waste = (-(-M // c.BM) * c.BM) / M
-        return (tiles < sms, round(waste, 1), -c.BM * c.BN, c.split_k, c.stages != 4)
+        return (tiles < sms, round(waste, 1), -c.BM * c.BN, c.split_k, c.stages != 4,
+                c.min_blocks != 1)
     return min(cands, key=score)

@@ -189,3 +189,36 @@ def disassemble(cubin: bytes) -> str:
         f.write(cubin)
         f.flush()
         return subprocess.run([tool, "-c", f.name], check=True, capture_output=True, text=True).stdout
+
+
+def _compile_job(spec: Spec, cfg: planner.Config, arch: str) -> Optional[str]:
+    try:
+        compile_kernel(spec, cfg, arch)
+    except (CompileError, planner.PlanError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def compile_many(jobs, workers: Optional[int] = None):
+    """Compile (spec, config, arch) jobs into the cubin cache on all CPU cores.
+
+    Yields (job, None | why it failed) as each finishes. NVRTC is CPU work, so a
+    process pool scales with cores; 'spawn' because the parent may hold a CUDA
+    context, which must not be forked."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    jobs = list(jobs)
+    workers = workers or os.cpu_count() or 1
+    if workers <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            yield job, _compile_job(*job)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as ex:
+        futures = {ex.submit(_compile_job, *job): job for job in jobs}
+        for fut in as_completed(futures):
+            try:
+                why = fut.result()
+            except Exception as e:          # a crashed worker (BrokenProcessPool)
+                why = f"{type(e).__name__}: {e}"
+            yield futures[fut], why
