@@ -64,7 +64,8 @@ def empty_like_kind(kind: str, ref, shape, storage: str):
     """A new output array of the caller's kind, on the same device."""
     if kind == "torch":
         import torch
-        dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[storage]
+        dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+              "int8": torch.int8, "float8_e4m3": torch.float8_e4m3fn}[storage]
         return torch.empty(shape, dtype=dt, device=ref.device)
     import cupy
     dt = {"float16": "float16", "bfloat16": "uint16", "float32": "float32", "int8": "int8",

@@ -121,9 +121,15 @@ def nvrtc_compile(source: str, name: str, arch: str) -> tuple[bytes, str]:
     return bytes(cubin), log
 
 
-def compile_kernel(spec: Spec, cfg: planner.Config, arch: str, use_cache: bool = True) -> Compiled:
-    source, geometry = render.render(spec, cfg, arch)
-    name = render.kernel_name(spec, cfg)
+def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
+                   use_cache: bool = True) -> Compiled:
+    """Render + compile (or take from the cache); cfg is None for op quantize."""
+    if spec.op == "quantize":
+        source, geometry = render.render_quantize(spec, arch)
+        name = geometry["name"]
+    else:
+        source, geometry = render.render(spec, cfg, arch)
+        name = render.kernel_name(spec, cfg)
     key = hashlib.sha256("\0".join(
         [source, " ".join(options(arch)), arch, nvrtc_version(), __version__]).encode()).hexdigest()[:32]
     path = cache_dir() / f"{name}-{arch}-{key}.cubin"

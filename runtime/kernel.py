@@ -14,20 +14,26 @@ from . import compiler
 from .device import current_arch
 
 
+def load_function(compiled: compiler.Compiled):
+    """cubin -> (module, function), with the dynamic shared memory opted in."""
+    import cupy
+    module = cupy.cuda.function.Module()
+    module.load(compiled.cubin)
+    fn = module.get_function(compiled.name)
+    smem = compiled.geometry.get("smem", 0)
+    if smem > 48 * 1024:
+        # cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8)
+        cupy.cuda.driver.funcSetAttribute(fn.ptr, 8, smem)
+    return module, fn
+
+
 class Kernel:
     def __init__(self, spec: Spec, config: planner.Config, arch: str | None = None):
-        import cupy
         self.spec, self.config = spec, config
         self.arch = arch or current_arch()
         self.compiled = compiler.compile_kernel(spec, config, self.arch)
-        self.module = cupy.cuda.function.Module()
-        self.module.load(self.compiled.cubin)
-        self.fn = self.module.get_function(self.compiled.name)
+        self.module, self.fn = load_function(self.compiled)
         self.geometry = self.compiled.geometry
-        smem = self.geometry.get("smem", 0)
-        if smem > 48 * 1024:
-            # cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8)
-            cupy.cuda.driver.funcSetAttribute(self.fn.ptr, 8, smem)
         self._ws = {}     # (device, stream) -> (workspace, counters, capacity)
 
     def grid(self, M: int, N: int, K: int) -> tuple:
@@ -76,3 +82,18 @@ class Kernel:
                     a_scale=a_scale.data.ptr if a_scale is not None else 0,
                     bias=bias.data.ptr if bias is not None else 0)
         self.launch(ptrs, M, N, K, stream)
+
+
+class QuantizeKernel:
+    """op quantize: one block per row -> codes [M, K] + float32 scales [M]."""
+
+    def __init__(self, spec: Spec, arch: str | None = None):
+        self.spec = spec
+        self.arch = arch or current_arch()
+        self.compiled = compiler.compile_kernel(spec, None, self.arch)
+        self.module, self.fn = load_function(self.compiled)
+
+    def launch(self, x_ptr: int, codes_ptr: int, scale_ptr: int, M: int, K: int, stream) -> None:
+        self.fn((M, 1, 1), (self.compiled.geometry["threads"], 1, 1),
+                (np.uint64(x_ptr), np.uint64(codes_ptr), np.uint64(scale_ptr), np.int32(M), np.int32(K)),
+                stream=stream)

@@ -123,6 +123,70 @@ class MatmulOp:
         return out
 
 
-def load(spec_or_name, N: int, K: int, arch: Optional[str] = None, db=None, use_db: bool = True) -> MatmulOp:
-    """A matmul op for `spec` (a Spec, a shipped spec name or a YAML path) at N x K."""
-    return MatmulOp(_spec(spec_or_name), int(N), int(K), arch=arch, db=db, use_db=use_db)
+class QuantizeOp:
+    """op quantize: x [M, K] float16/bfloat16 -> (codes [M, K] int8/e4m3, scale [M] float32),
+    per-row symmetric, scale = absmax / 127 (int8) or / 448 (e4m3), ties to even."""
+
+    def __init__(self, spec: Spec, K: int, arch: Optional[str] = None):
+        from .device import current_arch
+        from .kernel import QuantizeKernel
+        if K % 8:
+            raise UserError(f"{spec.name}: K={K} must be a multiple of 8 (16-byte row loads)")
+        self.spec, self.K = spec, K
+        self.kernel = QuantizeKernel(spec, arch or current_arch())
+
+    def __call__(self, x, codes=None, scale=None):
+        vx = arrays.view(x, "x")
+        if len(vx.shape) != 2:
+            raise ValueError(f"x: expected 2-D [M, K], got shape {list(vx.shape)}")
+        M = vx.shape[0]
+        arrays.check(vx, "x", (M, self.K), self.spec.a.dtype, None)
+        if codes is None:
+            codes = arrays.empty_like_kind(vx.kind, vx.obj, (M, self.K), self.spec.out.dtype)
+        if scale is None:
+            scale = arrays.empty_like_kind(vx.kind, vx.obj, (M,), "float32")
+        vc, vs = arrays.view(codes, "codes"), arrays.view(scale, "scale")
+        arrays.check(vc, "codes", (M, self.K), self.spec.out.dtype, vx.device)
+        arrays.check(vs, "scale", (M,), "float32", vx.device)
+        self.kernel.launch(vx.ptr, vc.ptr, vs.ptr, M, self.K, arrays.stream_for(vx.kind, vx.obj))
+        return codes, scale
+
+
+def load(spec_or_name, N: Optional[int] = None, K: Optional[int] = None, arch: Optional[str] = None,
+         db=None, use_db: bool = True):
+    """The op for `spec` (a Spec, a shipped spec name or a YAML path): a MatmulOp
+    at N x K, or for op quantize a QuantizeOp over rows of K."""
+    spec = _spec(spec_or_name)
+    if K is None:
+        raise UserError(f"{spec.name}: K is required")
+    if spec.op == "quantize":
+        return QuantizeOp(spec, int(K), arch=arch)
+    if N is None:
+        raise UserError(f"{spec.name}: N is required")
+    return MatmulOp(spec, int(N), int(K), arch=arch, db=db, use_db=use_db)
+
+
+class QuantizedLinearOp:
+    """W8A8 / FP8 linear from float activations, the BMINF pipeline fused to two
+    launches: per-row quantize (one pass over x) -> int8/fp8 tensor-core GEMM
+    whose epilogue applies scale_a[m] * scale_w[n] (+ bias, activation) and
+    casts. BMINF runs three: quantize, cuBLASLt int8 GEMM, elementwise scaling."""
+
+    def __init__(self, spec: Spec, N: int, K: int, input_dtype: str = "float16", **kw):
+        from ..codegen.spec import Activation, Output, Spec as S
+        if spec.a.scale != "row":
+            raise UserError(f"{spec.name}: needs int8/fp8 activations with a per-row scale")
+        qspec = S(name=f"quantize_{spec.a.dtype}_{input_dtype}", op="quantize",
+                  a=Activation(input_dtype), b=None, out=Output(spec.a.dtype))
+        self.quantize = QuantizeOp(qspec, K, arch=kw.get("arch"))
+        self.matmul = MatmulOp(spec, N, K, **kw)
+
+    def __call__(self, x, qweight, scales=None, zeros=None, bias=None, out=None):
+        codes, a_scale = self.quantize(x)
+        return self.matmul(codes, qweight, scales, zeros, bias=bias, a_scale=a_scale, out=out)
+
+
+def load_linear(spec_or_name, N: int, K: int, input_dtype: str = "float16", **kw) -> QuantizedLinearOp:
+    """A linear layer taking float activations for an int8/fp8-activation spec
+    (e.g. "w8a8_int8"): quantize + GEMM with both scales fused."""
+    return QuantizedLinearOp(_spec(spec_or_name), int(N), int(K), input_dtype, **kw)
