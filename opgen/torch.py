@@ -1,0 +1,332 @@
+"""PyTorch integration: `QuantLinear`, `replace_linear` and the `opgen::matmul` op.
+
+Optional: `import opgen` never imports this module (nor torch).
+
+    from opgen.torch import QuantLinear, replace_linear
+    report = replace_linear(model, "gptq_v2_w4a16_g128", skip=["lm_head"])
+    layer = QuantLinear.from_checkpoint("gptq_v2", sub_state(sd, "model.layers.0.mlp.up_proj."),
+                                        in_features=4096, out_features=11008)
+
+The matmul is a `torch.library` custom op (`torch.ops.opgen.matmul`) with a
+fake implementation, so models using QuantLinear trace under torch.compile and
+capture into CUDA graphs. Custom ops take only tensors and scalars, so the
+(spec, N, K) of each call is an int handle into a process-wide registry; the
+compiled MatmulOp behind a handle is built on first use and shared by every
+layer of the same spec and shape.
+
+CUDA tensors run the generated kernels. CPU tensors run the numpy reference
+(`codegen.reference`: exact and slow; for tests and debugging).
+"""
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import checkpoints as ck
+from .codegen import reference as R
+from .codegen.planner import check_shape
+from .codegen.spec import Spec
+
+__all__ = ["QuantLinear", "replace_linear", "ReplaceReport", "quantize_activation", "matmul",
+           "handle_for"]
+
+_FLOAT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+# storage dtype names (checkpoints.expected_tensors' first choice) -> torch dtype
+_STORAGE = dict(_FLOAT, int32=torch.int32, uint8=torch.uint8, int8=torch.int8)
+
+
+# --- the op registry ---------------------------------------------------------------------
+
+class _Entry:
+    def __init__(self, spec: Spec, N: int, K: int):
+        self.spec, self.N, self.K = spec, N, K
+        self._op = None
+
+    def op(self):
+        """The MatmulOp, built on first CUDA call (it needs a GPU to pick the arch)."""
+        if self._op is None:
+            from .runtime.op import MatmulOp
+            self._op = MatmulOp(self.spec, self.N, self.K)
+        return self._op
+
+
+_ENTRIES: List[_Entry] = []
+_HANDLES: Dict[Tuple[str, int, int], int] = {}
+
+
+def handle_for(spec: Spec, N: int, K: int) -> int:
+    """The registry handle of (spec, N, K), registering it on first use."""
+    key = (spec.content_hash(), int(N), int(K))
+    h = _HANDLES.get(key)
+    if h is None:
+        h = _HANDLES[key] = len(_ENTRIES)
+        _ENTRIES.append(_Entry(spec, int(N), int(K)))
+    return h
+
+
+# --- numpy <-> torch in opgen's storage conventions (bfloat16 as uint16 bits) ---------------
+
+def _to_numpy(t) -> np.ndarray:
+    if not isinstance(t, torch.Tensor):
+        return np.asarray(t)
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return t.view(torch.uint8).numpy()
+    if t.dtype == torch.uint32:      # int32 containers saved unsigned: same bits
+        return t.view(torch.int32).numpy()
+    return t.numpy()
+
+
+def _to_torch(a, device=None) -> torch.Tensor:
+    if isinstance(a, torch.Tensor):
+        if a.dtype == torch.uint32:  # the kernels' int32 containers: same bits
+            a = a.view(torch.int32)
+        return a if device is None else a.to(device)
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.uint16:         # opgen's numpy form of bfloat16
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    elif a.dtype == np.uint32:
+        t = torch.from_numpy(a.view(np.int32))
+    else:
+        t = torch.from_numpy(a)
+    return t if device is None else t.to(device)
+
+
+# --- the custom op -----------------------------------------------------------------------
+
+@torch.library.custom_op("opgen::matmul", mutates_args=())
+def matmul(a: torch.Tensor, qweight: torch.Tensor, scales: Optional[torch.Tensor],
+           zeros: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+           a_scale: Optional[torch.Tensor], handle: int) -> torch.Tensor:
+    """out[M, N] = a[M, K] @ W^T (+ bias, activation) for the (spec, N, K) of
+    `handle`; arguments in the spec's storage, as MatmulOp takes them."""
+    e = _ENTRIES[handle]
+    if a.shape[0] == 0:
+        return a.new_empty((0, e.N), dtype=_FLOAT[e.spec.out.dtype])
+    if a.is_cuda:
+        return e.op()(a, qweight, scales, zeros, bias=bias, a_scale=a_scale)
+    tensors = {"qweight": _to_numpy(qweight)}
+    if scales is not None:
+        tensors["scales"] = _to_numpy(scales)
+    if zeros is not None:
+        tensors["zeros"] = _to_numpy(zeros)
+    out = R.reference_matmul(e.spec, _to_numpy(a), tensors,
+                             a_scale=None if a_scale is None else _to_numpy(a_scale),
+                             bias=None if bias is None else _to_numpy(bias))
+    return _to_torch(out, a.device)
+
+
+@matmul.register_fake
+def _matmul_fake(a, qweight, scales, zeros, bias, a_scale, handle):
+    e = _ENTRIES[handle]
+    torch._check(a.shape[1] == e.K, lambda: f"a: expected [M, {e.K}], got {list(a.shape)}")
+    return a.new_empty((a.shape[0], e.N), dtype=_FLOAT[e.spec.out.dtype])
+
+
+# --- activation quantization -------------------------------------------------------------
+
+def quantize_activation(x: torch.Tensor, target: str = "int8") -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric quantization of x [M, K], bit-for-bit
+    codegen.reference.quantize_activation: a_scale = absmax / qmax (float32),
+    codes = x / a_scale rounded half to even (int8: clipped to +-127; fp8
+    e4m3: saturated to +-448), a zero row gets a_scale 1."""
+    xf = x.float()
+    qmax = {"int8": 127.0, "float8_e4m3": 448.0}[target]
+    scale = xf.abs().amax(dim=-1) / qmax
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    t = xf / scale[:, None]
+    if target == "int8":
+        return torch.round(t).clamp(-127, 127).to(torch.int8), scale
+    return t.clamp(-qmax, qmax).to(torch.float8_e4m3fn), scale
+
+
+# --- QuantLinear ------------------------------------------------------------------------
+
+_BUFFERS = ("qweight", "scales", "zeros", "bias")
+
+
+class QuantLinear(nn.Module):
+    """A Linear whose weight is stored in `spec`'s quantized format.
+
+    Buffers (so state_dict / load_state_dict / .to(device) work): qweight,
+    scales, zeros (those the spec stores) and bias (or None), in the spec's
+    storage dtypes; `model.half()` and friends move them but never cast them.
+    forward(x[..., K]) -> [..., N], in x's float dtype.
+    """
+
+    def __init__(self, spec: Union[Spec, str], in_features: int, out_features: int,
+                 qweight, scales=None, zeros=None, bias=None, device=None):
+        super().__init__()
+        spec = ck.resolve_spec(spec)
+        N, K = int(out_features), int(in_features)
+        check_shape(spec, N, K)
+        if spec.a.dtype in ("int8", "float8_e4m3") and spec.a.scale != "row":
+            raise ValueError(f"spec {spec.name}: {spec.a.dtype} activations without per-row "
+                             f"scales cannot be produced from float inputs")
+        if bias is not None and not spec.epilogue.bias and spec.epilogue.activation != "none":
+            raise ValueError(f"bias: spec {spec.name} applies {spec.epilogue.activation} in its "
+                             f"epilogue but has no bias, so the bias would be added after it")
+        given = {"qweight": qweight, "scales": scales, "zeros": zeros}
+        ck.validate_tensors(spec, {k: v for k, v in given.items() if v is not None}, N, K)
+        self.spec, self.spec_name = spec, spec.name
+        self.in_features, self.out_features = K, N
+        self.handle = handle_for(spec, N, K)
+        if device is None and isinstance(qweight, torch.Tensor):
+            device = qweight.device
+        for name, t in given.items():
+            self.register_buffer(name, None if t is None else _to_torch(t, device).contiguous())
+        out_dt = _FLOAT[spec.out.dtype]
+        if bias is None and spec.epilogue.bias:      # the kernel reads a bias: give it zeros
+            bias = torch.zeros(N, dtype=out_dt)
+        if bias is not None:
+            bias = _to_torch(bias, device)
+            if tuple(bias.shape) != (N,):
+                raise ValueError(f"bias: shape {list(bias.shape)}, expected [{N}]")
+            bias = bias.to(out_dt).contiguous()
+        self.register_buffer("bias", bias)
+
+    # --- constructors ---
+
+    @classmethod
+    def from_linear(cls, spec: Union[Spec, str], linear: nn.Linear) -> "QuantLinear":
+        """Quantize a float nn.Linear (weight [out=N, in=K]) with the reference quantizer."""
+        spec = ck.resolve_spec(spec)
+        w = linear.weight.detach().float().cpu().numpy()
+        t = R.quantize(spec, w)
+        return cls(spec, linear.in_features, linear.out_features, bias=linear.bias,
+                   device=linear.weight.device, **t)
+
+    @classmethod
+    def empty(cls, spec: Union[Spec, str], in_features: int, out_features: int,
+              bias: bool = False, device=None) -> "QuantLinear":
+        """Zero-filled storage, to be filled by load_state_dict."""
+        spec = ck.resolve_spec(spec)
+        want = ck.expected_tensors(spec, out_features, in_features)
+        t = {k: torch.zeros(shape, dtype=_STORAGE[dts[0]], device=device)
+             for k, (shape, dts) in want.items()}
+        b = torch.zeros(out_features, dtype=_FLOAT[spec.out.dtype], device=device) if bias else None
+        return cls(spec, in_features, out_features, bias=b, device=device, **t)
+
+    @classmethod
+    def from_checkpoint(cls, fmt: str, state: Mapping, in_features: int, out_features: int,
+                        device=None, **kw) -> "QuantLinear":
+        """One layer of a GPTQ ("gptq_v1"/"gptq_v2"), AWQ ("awq"), bitsandbytes
+        NF4 ("bnb_nf4") or HF BitNet ("bitnet_hf") checkpoint, converted once by
+        opgen.checkpoints (kw: group=, spec=). Tensors land on `device`
+        (default: where the checkpoint's tensors are)."""
+        if device is None:
+            first = next((v for v in state.values() if isinstance(v, torch.Tensor)), None)
+            device = None if first is None else first.device
+        st = {k: _to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        spec, t = ck.convert(fmt, st, out_features, in_features, **kw)
+        return cls(spec, in_features, out_features, device=device, **t)
+
+    # --- forward ---
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spec = self.spec
+        lead = x.shape[:-1]
+        a = x.reshape(-1, self.in_features)
+        a_scale = None
+        if spec.a.dtype in _FLOAT:
+            a = a.to(_FLOAT[spec.a.dtype]).contiguous()
+        else:
+            a, a_scale = quantize_activation(a, spec.a.dtype)
+        fused = self.bias if spec.epilogue.bias else None
+        out = matmul(a, self.qweight, self.scales, self.zeros, fused, a_scale, self.handle)
+        if self.bias is not None and not spec.epilogue.bias:
+            out = out + self.bias
+        out = out.reshape(*lead, self.out_features)
+        return out.to(x.dtype) if x.is_floating_point() else out
+
+    def extra_repr(self) -> str:
+        return (f"spec={self.spec_name}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}")
+
+    # --- state dict ---
+
+    def get_extra_state(self):
+        return {"spec": self.spec_name, "spec_hash": self.spec.content_hash(),
+                "in_features": self.in_features, "out_features": self.out_features}
+
+    def set_extra_state(self, state):
+        mine = self.get_extra_state()
+        for key in ("spec_hash", "in_features", "out_features"):
+            if state.get(key) != mine[key]:
+                raise ValueError(f"_extra_state: saved for spec {state.get('spec')} "
+                                 f"{state.get('out_features')}x{state.get('in_features')}, this layer is "
+                                 f"{self.spec_name} {self.out_features}x{self.in_features}")
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # torch would silently cast a wrongly typed tensor into the buffer
+        # (an int64 qweight, fp16 absmax): storage dtypes are part of the format
+        for name in _BUFFERS:
+            mine, theirs = getattr(self, name), state_dict.get(prefix + name)
+            if mine is None or theirs is None:
+                continue
+            if tuple(theirs.shape) != tuple(mine.shape):
+                raise ValueError(f"{prefix}{name}: shape {list(theirs.shape)}, expected "
+                                 f"{list(mine.shape)} (spec {self.spec_name})")
+            if theirs.dtype != mine.dtype:
+                raise ValueError(f"{prefix}{name}: dtype {theirs.dtype}, expected {mine.dtype} "
+                                 f"(spec {self.spec_name})")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _apply(self, fn, recurse=True):
+        # .half() / .to(dtype) cast every float buffer; the storage dtypes are
+        # the spec's, so follow only the device fn moves them to
+        for name, buf in self._buffers.items():
+            if buf is not None:
+                moved = fn(buf)
+                self._buffers[name] = moved if moved.dtype == buf.dtype else buf.to(moved.device)
+        return self
+
+
+# --- replace_linear ----------------------------------------------------------------------
+
+@dataclass
+class ReplaceReport:
+    replaced: List[str] = field(default_factory=list)
+    skipped: Dict[str, str] = field(default_factory=dict)     # name -> why
+
+
+def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str] = (),
+                   quantize: bool = True) -> ReplaceReport:
+    """Swap every nn.Linear of `model` (in place) for a QuantLinear of `spec`.
+
+    Layers whose shapes the spec's alignment rules refuse (N % 8, K % 32,
+    K % group, ...) and layers matching a `skip` pattern (fnmatch on the
+    qualified name, e.g. "lm_head" or "*.gate") stay float and are reported
+    with the reason. quantize=False allocates zero storage instead of running
+    the reference quantizer (for a load_state_dict that follows)."""
+    spec = ck.resolve_spec(spec)
+    skip = list(skip)
+    report = ReplaceReport()
+    for name, mod in list(model.named_modules()):
+        if not isinstance(mod, nn.Linear):
+            continue
+        if name == "":
+            raise ValueError("replace_linear swaps submodules; for a bare nn.Linear use "
+                             "QuantLinear.from_linear")
+        if any(fnmatch.fnmatchcase(name, p) for p in skip):
+            report.skipped[name] = "matches skip="
+            continue
+        try:
+            check_shape(spec, mod.out_features, mod.in_features)
+        except ValueError as e:
+            report.skipped[name] = str(e)
+            continue
+        if quantize:
+            q = QuantLinear.from_linear(spec, mod)
+        else:
+            q = QuantLinear.empty(spec, mod.in_features, mod.out_features,
+                                  bias=mod.bias is not None, device=mod.weight.device)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, q)
+        report.replaced.append(name)
+    return report
