@@ -151,6 +151,20 @@ def _paths(result) -> List[str]:
     return [str(p) for p in result]
 
 
+# --- bench (opgen/bench.py; imports torch/cupy only when it runs) ---------------------
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    from opgen import bench
+    bench.add_arguments(p)
+
+
+@command("bench", "time opgen's kernels against cuBLAS/torch peers on this GPU "
+                  "(JSON, Markdown, plots)", _bench_args)
+def cmd_bench(args: argparse.Namespace) -> int:
+    from opgen import bench
+    return bench.run(args)
+
+
 # --- entry point ------------------------------------------------------------------
 
 def make_parser() -> argparse.ArgumentParser:

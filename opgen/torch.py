@@ -84,6 +84,7 @@ def _to_numpy(t) -> np.ndarray:
 
 def _to_torch(a, device=None) -> torch.Tensor:
     if isinstance(a, torch.Tensor):
+        a = a.detach()               # storage, never part of an autograd graph
         if a.dtype == torch.uint32:  # the kernels' int32 containers: same bits
             a = a.view(torch.int32)
         return a if device is None else a.to(device)
@@ -247,6 +248,12 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"spec={self.spec_name}, in_features={self.in_features}, "
                 f"out_features={self.out_features}, bias={self.bias is not None}")
+
+    def __setstate__(self, state):
+        # handles are per process: a pickled (torch.save(model)) layer
+        # registers its (spec, N, K) again in the process that unpickles it
+        super().__setstate__(state)
+        self.handle = handle_for(self.spec, self.out_features, self.in_features)
 
     # --- state dict ---
 

@@ -1,0 +1,324 @@
+"""opgen.torch: QuantLinear, replace_linear, the opgen::matmul custom op.
+
+CPU tests run the op's numpy-reference implementation; tests marked gpu run
+the generated kernels (they also need a CUDA build of torch).
+"""
+import copy
+import io
+import zlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import opgen.torch as ot  # noqa: E402
+from opgen import checkpoints as ck  # noqa: E402
+from opgen.codegen import reference as R  # noqa: E402
+
+WEIGHT_ONLY = ["gptq_v1_w4a16_g128", "gptq_v2_w4a16_g128", "awq_w4a16_g128", "bnb_nf4", "bitnet_b158"]
+ALL_SPECS = WEIGHT_ONLY + ["w8a8_int8"]
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA build of torch")
+
+
+def tiny_mlp(seed: int = 0) -> nn.Sequential:
+    """Two layers every shipped spec accepts, and a head of N=10 (N % 8) none does."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(256, 128), nn.GELU(), nn.Linear(128, 256, bias=False),
+                         nn.ReLU(), nn.Linear(256, 10))
+
+
+def dequantized_model(qmodel: nn.Module, dtype=torch.float32) -> nn.Module:
+    """The same model with each QuantLinear replaced by a float Linear holding
+    its dequantized weight (the reference's dequantize)."""
+    model = copy.deepcopy(qmodel)
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, ot.QuantLinear):
+            t = {k: ot._to_numpy(getattr(mod, k)) for k in ("qweight", "scales", "zeros")
+                 if getattr(mod, k) is not None}
+            w = R.dequantize(mod.spec, t, mod.out_features, mod.in_features)
+            lin = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None)
+            with torch.no_grad():
+                lin.weight.copy_(torch.from_numpy(w))
+                if mod.bias is not None:
+                    lin.bias.copy_(mod.bias.float())
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child,
+                    lin.to(device=mod.qweight.device, dtype=dtype))
+    return model
+
+
+def rel_err(got, want) -> float:
+    got, want = got.double(), want.double()
+    return float((got - want).norm() / want.norm())
+
+
+# --- CPU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS)
+def test_replace_linear(spec):
+    model = tiny_mlp()
+    report = ot.replace_linear(model, spec)
+    assert report.replaced == ["0", "2"]
+    assert list(report.skipped) == ["4"] and "N=10 must be a multiple of 8" in report.skipped["4"]
+    assert isinstance(model[4], nn.Linear)
+    s = ck.shipped_spec(spec)
+    for i, bias in ((0, True), (2, False)):
+        q = model[i]
+        assert isinstance(q, ot.QuantLinear) and q.spec_name == spec
+        want = ck.expected_tensors(s, q.out_features, q.in_features)
+        bufs = dict(q.named_buffers())
+        assert set(bufs) == set(want) | ({"bias"} if bias else set())
+        for k, (shape, dtypes) in want.items():
+            assert tuple(bufs[k].shape) == shape and str(bufs[k].dtype)[6:] == dtypes[0]
+        assert (q.bias is not None) == bias
+
+
+def test_replace_linear_skip_patterns_and_root():
+    model = tiny_mlp()
+    report = ot.replace_linear(model, "gptq_v2_w4a16_g128", skip=["2"])
+    assert report.replaced == ["0"] and report.skipped["2"] == "matches skip="
+    with pytest.raises(ValueError, match="bare nn.Linear"):
+        ot.replace_linear(nn.Linear(256, 128), "gptq_v2_w4a16_g128")
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS)
+def test_cpu_forward_matches_dequantized_model(spec):
+    """forward flattens [..., K], quantizes activations where the spec needs
+    it, adds the bias and restores the leading dims (CPU: numpy reference)."""
+    model = tiny_mlp()
+    ot.replace_linear(model, spec)
+    x = torch.randn(2, 3, 256)
+    with torch.no_grad():
+        got = model(x)
+        want = dequantized_model(model)(x)
+    assert got.shape == (2, 3, 10) and got.dtype == torch.float32
+    # fp16 activations and outputs between layers; w8a8 also int8 activations
+    assert rel_err(got, want) <= (3e-2 if spec == "w8a8_int8" else 2e-3)
+
+
+def test_layer_matches_reference_matmul():
+    """One layer, exactly the reference: a = x in fp16, out fp16, + bias."""
+    lin = tiny_mlp()[0]
+    q = ot.QuantLinear.from_linear("awq_w4a16_g128", lin)
+    x = torch.randn(5, 256).half()
+    t = {k: ot._to_numpy(getattr(q, k)) for k in ("qweight", "scales", "zeros")}
+    want = R.reference_matmul(q.spec, x.numpy(), t).astype(np.float32) + q.bias.float().numpy()
+    got = q(x)
+    assert got.dtype == torch.float16
+    assert np.array_equal(got.numpy(), want.astype(np.float16))
+
+
+@pytest.mark.parametrize("target", ["int8", "float8_e4m3"])
+def test_quantize_activation_matches_reference(target):
+    spec = ck.shipped_spec("quantize_int8_row" if target == "int8" else "quantize_fp8_row")
+    rng = np.random.default_rng(zlib.crc32(target.encode()))
+    x = (rng.standard_normal((6, 64)) * 3).astype(np.float16)
+    x[1] = 0                                            # zero row: scale 1
+    x[2, :4] = [127, -63.5, 0.5, 1.5]                   # ties: half to even
+    codes, scale = ot.quantize_activation(torch.from_numpy(x), target)
+    want_codes, want_scale = R.quantize_activation(spec, x)
+    assert np.array_equal(scale.numpy(), want_scale)
+    got = codes.view(torch.uint8).numpy() if target != "int8" else codes.numpy()
+    assert np.array_equal(got, want_codes)
+
+
+def test_state_dict_round_trip():
+    model = tiny_mlp()
+    ot.replace_linear(model, "bnb_nf4")
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    buf.seek(0)
+    sd = torch.load(buf, weights_only=True)
+    assert sd["0._extra_state"]["spec"] == "bnb_nf4"
+
+    fresh = tiny_mlp(seed=1)
+    report = ot.replace_linear(fresh, "bnb_nf4", quantize=False)      # empty storage
+    assert report.replaced == ["0", "2"]
+    fresh.load_state_dict(sd)
+    for k, v in model.state_dict().items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(fresh.state_dict()[k], v), k
+    x = torch.randn(4, 256)
+    with torch.no_grad():
+        assert torch.equal(fresh(x), model(x))
+
+    # whole-module pickling re-registers the op handle in the loading process
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert loaded[0].handle == ot.handle_for(loaded[0].spec, 128, 256)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+
+
+def test_load_state_dict_refuses_mismatches():
+    model = tiny_mlp()
+    ot.replace_linear(model, "gptq_v2_w4a16_g128")
+    sd = model.state_dict()
+    bad = dict(sd, **{"0.qweight": sd["0.qweight"].long()})
+    with pytest.raises(ValueError, match=r"^0\.qweight: dtype torch\.int64, expected torch\.int32"):
+        model.load_state_dict(bad)
+    bad = dict(sd, **{"0.zeros": torch.zeros(2, 128, dtype=torch.int32)})
+    with pytest.raises(ValueError, match=r"^0\.zeros: shape \[2, 128\], expected \[2, 16\]"):
+        model.load_state_dict(bad)
+    other = tiny_mlp()
+    ot.replace_linear(other, "gptq_v1_w4a16_g128")        # same storage, other meaning
+    with pytest.raises(ValueError, match="saved for spec gptq_v1_w4a16_g128"):
+        model.load_state_dict(other.state_dict())
+
+
+def test_half_keeps_storage_dtypes():
+    model = tiny_mlp()
+    ot.replace_linear(model, "bnb_nf4")
+    model.half()
+    assert model[0].scales.dtype == torch.float32 and model[0].qweight.dtype == torch.uint8
+    assert model[0].bias.dtype == torch.float16 and model[4].weight.dtype == torch.float16
+    model.to(torch.bfloat16)
+    assert model[0].scales.dtype == torch.float32
+
+
+def test_from_checkpoint_torch_tensors():
+    rng = np.random.default_rng(7)
+    N, K = 64, 256
+    q = rng.integers(0, 16, size=(K, N)).astype(np.uint32)
+    qweight = np.zeros((K // 8, N), np.uint32)
+    for j in range(8):
+        qweight |= q[j::8] << (4 * j)
+    state = {"qweight": torch.from_numpy(qweight.view(np.int32)),
+             "qzeros": torch.full((2, 8), 0x77777777, dtype=torch.int32),     # v1 sym: z - 1 = 7
+             "scales": torch.rand(2, N).half() / 64, "g_idx": torch.arange(K) // 128}
+    layer = ot.QuantLinear.from_checkpoint("gptq_v1", state, in_features=K, out_features=N)
+    assert layer.spec_name == "gptq_v1_w4a16_g128" and layer.bias is None
+    w = R.dequantize(layer.spec, {"qweight": layer.qweight.numpy(), "scales": layer.scales.numpy(),
+                                  "zeros": layer.zeros.numpy()}, N, K)
+    s = np.repeat(state["scales"].float().numpy(), 128, axis=0).T
+    assert np.array_equal(w, (q.T.astype(np.float32) - 8) * s)
+    with pytest.raises(ValueError, match=r"^qzeros: shape \[2, 64\]"):
+        ot.QuantLinear.from_checkpoint("gptq_v1", dict(state, qzeros=torch.zeros(2, N, dtype=torch.int32)),
+                                       in_features=K, out_features=N)
+    with pytest.raises(ValueError, match="act-order"):
+        ot.QuantLinear.from_checkpoint("gptq_v1", dict(state, g_idx=torch.randperm(K) // 128),
+                                       in_features=K, out_features=N)
+
+
+def test_quantlinear_refuses_bad_storage():
+    t = R.quantize(ck.shipped_spec("awq_w4a16_g128"), np.ones((64, 256), np.float32))
+    with pytest.raises(ValueError, match=r"^scales: dtype float32, expected float16"):
+        ot.QuantLinear("awq_w4a16_g128", 256, 64, t["qweight"], t["scales"].astype(np.float32), t["zeros"])
+    with pytest.raises(ValueError, match="must be a multiple of the scale group 128"):
+        ot.QuantLinear("awq_w4a16_g128", 192, 64, t["qweight"], t["scales"], t["zeros"])
+
+
+def test_custom_op_registered_with_fake_impl():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    assert hasattr(torch.ops.opgen, "matmul")
+    q = ot.QuantLinear.from_linear("gptq_v2_w4a16_g128", tiny_mlp()[0])
+    with FakeTensorMode() as mode:
+        a = torch.empty(7, 256, dtype=torch.float16)
+        args = [mode.from_tensor(t) for t in (q.qweight, q.scales, q.zeros)]
+        out = torch.ops.opgen.matmul(a, *args, None, None, q.handle)
+        assert out.shape == (7, 128) and out.dtype == torch.float16
+
+
+def test_opcheck():
+    q = ot.QuantLinear.from_linear("w8a8_int8", tiny_mlp()[0])
+    a, a_scale = ot.quantize_activation(torch.randn(3, 256))
+    torch.library.opcheck(torch.ops.opgen.matmul.default,
+                          (a, q.qweight, q.scales, None, None, a_scale, q.handle))
+
+
+def test_torch_compile_traces_the_op():
+    """aot_eager: Dynamo + AOTAutograd through the fake impl, no codegen
+    (Inductor needs a C++ toolchain on CPU); dynamic M."""
+    model = tiny_mlp()
+    ot.replace_linear(model, "gptq_v2_w4a16_g128")
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for M in (3, 5):
+            x = torch.randn(M, 256)
+            assert torch.equal(compiled(x), model(x))
+
+
+# --- GPU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("spec", ALL_SPECS)
+def test_gpu_layer_matches_reference(spec, record):
+    lin = tiny_mlp()[0]
+    q = ot.QuantLinear.from_linear(spec, lin).cuda()
+    x = torch.randn(3, 5, 256, device="cuda").half()
+    got = q(x).float().cpu().reshape(15, 128)
+    t = {k: ot._to_numpy(getattr(q, k)) for k in ("qweight", "scales", "zeros") if getattr(q, k) is not None}
+    xs = x.reshape(15, 256).cpu()
+    a, a_scale = (xs.numpy(), None)
+    if q.spec.a.dtype == "int8":
+        a, a_scale = (v.numpy() for v in ot.quantize_activation(xs, "int8"))
+    want = R.reference_matmul_f32(q.spec, a, t, a_scale=a_scale) + q.bias.float().cpu().numpy()
+    err = rel_err(got, torch.from_numpy(want))
+    record(test="torch_layer", spec=spec, rel_err=err)
+    assert err <= 2e-3
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("spec", WEIGHT_ONLY)
+def test_gpu_model_matches_dequantized_model(spec, record):
+    model = tiny_mlp().cuda().half()
+    ot.replace_linear(model, spec)
+    ref = dequantized_model(model, dtype=torch.float16)
+    x = torch.randn(4, 7, 256, device="cuda").half()
+    with torch.no_grad():
+        err = rel_err(model(x), ref(x))
+    record(test="torch_model", spec=spec, rel_err=err)
+    assert err <= 2e-3
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("spec", ["gptq_v2_w4a16_g128", "w8a8_int8"])
+def test_gpu_torch_compile(spec):
+    model = tiny_mlp().cuda().half()
+    ot.replace_linear(model, spec)
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        for M in (1, 16, 37):
+            x = torch.randn(M, 256, device="cuda").half()
+            eager, comp = model(x), compiled(x)
+            # Inductor may fuse the activation quantization differently: one int8 step
+            tol = 2e-2 if spec == "w8a8_int8" else 1e-3
+            assert rel_err(comp, eager) <= tol
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("spec", ["gptq_v2_w4a16_g128", "bnb_nf4", "w8a8_int8"])
+def test_gpu_cuda_graph_replay_equals_eager(spec):
+    model = tiny_mlp().cuda().half()
+    ot.replace_linear(model, spec)
+    static_x = torch.randn(16, 256, device="cuda").half()
+    # Warm up on the stream that then captures: the first call of an M bucket
+    # compiles and loads its kernel, and split-K kernels allocate their
+    # workspace per stream; neither may happen during capture.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(3):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph, stream=side):
+        static_out = model(static_x)
+    for seed in range(3):
+        torch.manual_seed(100 + seed)
+        static_x.copy_(torch.randn(16, 256, device="cuda").half())
+        graph.replay()
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            assert torch.equal(static_out, model(static_x))
