@@ -295,6 +295,10 @@ def finish_row(row: dict, spec, measured: dict) -> dict:
     peer = relevant_peer(spec)
     row["relevant_peer"] = peer
     row["speedup_vs_peer"] = _r(_ratio(row.get(f"{peer}_us"), us)) if peer else None
+    if "opgen_linear_us" in row or "opgen_linear_error" in row:
+        # the fused linear from fp16 activations against the unfused BMINF pipeline (int8)
+        row["linear_speedup_vs_bminf"] = (_r(_ratio(row.get("bminf_w8a8_us"), row.get("opgen_linear_us")))
+                                          if spec.a.dtype == "int8" else None)
     return row
 
 
@@ -455,6 +459,24 @@ def peers_table(peer_rows: Sequence[dict], peers: Sequence[str] = PEERS) -> str:
     return _table(headers, body, "lr" + "r" * len(peers))
 
 
+def linear_table(rows: Sequence[dict]) -> str:
+    """opgen's fused linear (quantize + GEMM from fp16 activations) against the
+    unfused BMINF W8A8 pipeline; "" when no row has one."""
+    rows = [r for r in rows if "opgen_linear_us" in r or "opgen_linear_error" in r]
+    if not rows:
+        return ""
+    body = []
+    for r in rows:
+        lu = r.get("opgen_linear_us")
+        check = {True: "ok", False: "WRONG", None: "—"}[r.get("linear_verified")]
+        body.append([r["spec"], f"{r['N']}x{r['K']}", r["M"],
+                     _fmt_us(lu) if lu is not None else "err", _fmt_us(r.get("opgen_us")),
+                     _fmt_us(r.get("bminf_w8a8_us")), _fmt_x(r.get("linear_speedup_vs_bminf")),
+                     check])
+    return _table(["spec", "N x K", "M", "opgen linear µs", "opgen GEMM µs", "BMINF W8A8 µs",
+                   "vs BMINF", "check"], body, "llrrrrrl")
+
+
 def targets_section(targets: Sequence[dict]) -> str:
     n_met = sum(t["status"] == "met" for t in targets)
     n_missed = sum(t["status"] == "missed" for t in targets)
@@ -503,6 +525,13 @@ def markdown(results: dict) -> str:
     lines.append("## Results")
     lines.append("")
     lines.append(results_table(results.get("rows", [])))
+    lin = linear_table(results.get("rows", []))
+    if lin:
+        lines += ["", "## Fused linear from fp16 activations", "",
+                  "opgen's quantize kernel + GEMM with both scales fused (`opgen.runtime.op."
+                  "load_linear`), against the unfused BMINF pipeline (per-row quantize in torch "
+                  "ops, `torch._int_mm`, scaling); the GEMM column is opgen on pre-quantized "
+                  "activations.", "", lin]
     if results.get("peer_rows"):
         lines += ["", "## Peers", "", peers_table(results["peer_rows"],
                                                   results.get("peers") or PEERS)]
@@ -515,12 +544,19 @@ def markdown(results: dict) -> str:
                 if p not in seen:
                     seen.add(p)
                     lines.append(f"- {PEER_LABELS.get(p, p)}: {e}")
-    bad = [r for r in results.get("rows", []) if r.get("error") or r.get("verified") is False]
-    if bad:
-        lines += ["", "## Problems", ""]
-        for r in bad:
-            what = r.get("error") or f"output check failed ({r.get('verify_msg', '')})"
-            lines.append(f"- {r['spec']} {r['N']}x{r['K']} M={r['M']}: {what}")
+    problems = []
+    for r in results.get("rows", []):
+        where = f"- {r['spec']} {r['N']}x{r['K']} M={r['M']}"
+        if r.get("error"):
+            problems.append(f"{where}: {r['error']}")
+        elif r.get("verified") is False:
+            problems.append(f"{where}: output check failed ({r.get('verify_msg', '')})")
+        if r.get("opgen_linear_error"):
+            problems.append(f"{where}, fused linear: {r['opgen_linear_error']}")
+        elif r.get("linear_verified") is False:
+            problems.append(f"{where}, fused linear: output check failed")
+    if problems:
+        lines += ["", "## Problems", ""] + problems
     if results.get("targets") is not None:
         lines += ["", targets_section(results["targets"])]
     return "\n".join(lines) + "\n"
@@ -652,13 +688,24 @@ def run(args: argparse.Namespace) -> int:
         results["db"] = str(getattr(db, "path", args.db))
     g.log(f"{results['env'].get('device')}: {len(specs)} specs x {len(plan.shapes)} shapes x "
           f"{len(plan.Ms)} Ms")
-    g.precompile(specs, plan.shapes, plan.Ms, db, not args.no_db, args.workers)
-    results["measured"] = g.measure_machine()
     rows = results["rows"] = []
     peer_rows = results["peer_rows"] = []
+    results["complete"] = False
+    # compile in the background while the machine and the peers are timed
+    pending = g.start_precompile(specs, plan.shapes, plan.Ms, db, not args.no_db, args.workers)
+    try:
+        results["measured"] = g.measure_machine()
+        peers = {}
+        for N, K in plan.shapes:
+            peers[N, K] = g.time_peers(plan.peers, N, K, plan.Ms)
+            peer_rows += [peers[N, K][M] for M in plan.Ms]
+        write_outputs(results, args.out, plots=False)
+        g.wait_precompile(pending)
+    except BaseException:
+        g.wait_precompile(pending, cancel=True)
+        raise
     for N, K in plan.shapes:
-        by_m = g.time_peers(plan.peers, N, K, plan.Ms)
-        peer_rows += [by_m[M] for M in plan.Ms]
+        by_m = peers[N, K]
         for spec in specs:
             for r in g.time_spec(spec, N, K, plan.Ms, db=db, use_db=not args.no_db,
                                  verify=not args.no_verify):
@@ -668,7 +715,6 @@ def run(args: argparse.Namespace) -> int:
                 r["peer_errors"] = dict(pr.get("errors") or {})
                 rows.append(finish_row(r, spec, results["measured"]))
             # keep the files current: a run cut short still leaves its rows behind
-            results["complete"] = False
             results["targets"] = evaluate_targets(rows)
             results["wall_s"] = round(time.time() - t_start, 1)
             write_outputs(results, args.out, plots=False)
@@ -676,6 +722,7 @@ def run(args: argparse.Namespace) -> int:
     results["targets"] = evaluate_targets(rows)
     results["wall_s"] = round(time.time() - t_start, 1)
     paths = write_outputs(results, args.out, plots=not args.no_plots)
+    g.log(f"done: {len(rows)} rows in {results['wall_s']:.0f} s")
     print(results_table(rows))
     if any((r["N"], r["K"]) == TARGET_SHAPE for r in rows):
         print()
@@ -683,7 +730,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     for p in paths:
         print(p)
-    failed = [r for r in rows if r.get("opgen_us") is None or r.get("verified") is False]
+    failed = [r for r in rows if r.get("opgen_us") is None or r.get("verified") is False
+              or r.get("linear_verified") is False]
     if failed:
         print(f"opgen bench: {len(failed)} row(s) failed or computed wrong results "
               "(see bench.md, Problems)", file=sys.stderr)
@@ -723,7 +771,10 @@ def _tile_shape_ok(small: Sequence[int], big: Sequence[int]) -> bool:
     return len(small) == len(big) and all(s > 0 and b % s == 0 for s, b in zip(small, big))
 
 
-def base_shape(spec, N: int, K: int, limit: int = 4096) -> Tuple[int, int]:
+BASE_LIMIT = 2048
+
+
+def base_shape(spec, N: int, K: int, limit: int = BASE_LIMIT) -> Tuple[int, int]:
     """(N0, K0) dividing (N, K), at most `limit` each, valid for the spec: the
     random reference weights are drawn at N0 x K0 and tiled up to N x K (data
     from numpy at 14336 x 57344 would take minutes; the kernels' speed does not
@@ -806,13 +857,10 @@ class _Gpu:
         self.cp.get_default_memory_pool().free_all_blocks()
 
     # -- compile ahead, in parallel
-    def precompile(self, specs, shapes, Ms, db, use_db: bool, workers: Optional[int]) -> None:
-        """Compile every kernel opgen.load will pick, in worker processes
-        (NVRTC is single-threaded), so the timing loop finds them in the
-        cubin cache.  Mirrors MatmulOp's choice (DB record, else heuristic);
-        a miss only means that kernel compiles later, serially."""
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-        import multiprocessing
+    def _compile_jobs(self, specs, shapes, Ms, db, use_db: bool) -> list:
+        """(spec, config, arch, N, K) of every kernel opgen.load will pick: the
+        DB record of the bucket, else the planner's heuristic, as MatmulOp
+        chooses.  A miss only means that kernel compiles later, serially."""
         from opgen.codegen import planner
         from opgen.runtime.buckets import bucket_of, representative_M
         from opgen.runtime.device import current_arch
@@ -842,25 +890,50 @@ class _Gpu:
                         except Exception:
                             continue
                     jobs.setdefault((spec, cfg), (N, K))
+            if spec.a.scale == "row":      # the quantize kernel of opgen's fused linear
+                q = quantize_spec_for(spec)
+                if q is not None:
+                    jobs.setdefault((q, None), (0, 0))
+        return [(spec, cfg, arch, N, K) for (spec, cfg), (N, K) in jobs.items()]
+
+    def start_precompile(self, specs, shapes, Ms, db, use_db: bool, workers: Optional[int]):
+        """Start compiling in worker processes (NVRTC is single-threaded CPU
+        work) and return at once: the caller times the machine and the peers
+        meanwhile, then calls wait_precompile.  One core is left to the timing
+        loop.  Returns a handle (None when nothing is left to wait for)."""
+        from concurrent.futures import ProcessPoolExecutor
+        import multiprocessing
+        jobs = self._compile_jobs(specs, shapes, Ms, db, use_db)
         if not jobs:
-            return
-        workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
-        self.log(f"compiling {len(jobs)} kernels ({workers} processes)")
+            return None
         fn = self.tuner._compile_one
-        failed = 0
+        n_cpu = os.cpu_count() or 1
+        workers = max(1, min(workers or max(1, n_cpu - 1), len(jobs)))
+        self.log(f"compiling {len(jobs)} kernels ({workers} processes)")
         if workers == 1:
-            for (spec, cfg), (N, K) in jobs.items():
-                failed += fn(spec, cfg, arch, N, K) is not None
-        else:
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
-                futs = [ex.submit(fn, spec, cfg, arch, N, K) for (spec, cfg), (N, K) in jobs.items()]
-                for f in as_completed(futs):
-                    try:
-                        failed += f.result() is not None
-                    except Exception:
-                        failed += 1
-        self.log(f"compiled ({failed} failed; those rows will say why)")
+            failed = sum(fn(*job) is not None for job in jobs)
+            self.log(f"compiled ({failed} failed; those rows will say why)")
+            return None
+        ex = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        return ex, [ex.submit(fn, *job) for job in jobs], time.time()
+
+    def wait_precompile(self, handle, cancel: bool = False) -> None:
+        if handle is None:
+            return
+        from concurrent.futures import as_completed
+        ex, futs, t0 = handle
+        if cancel:
+            ex.shutdown(wait=False, cancel_futures=True)
+            return
+        failed = 0
+        for f in as_completed(futs):
+            try:
+                failed += f.result() is not None
+            except Exception:
+                failed += 1
+        ex.shutdown()
+        self.log(f"compiled {len(futs)} kernels in {time.time() - t0:.1f} s "
+                 f"({failed} failed; those rows will say why)")
 
     # -- the machine
     def measure_machine(self) -> dict:
@@ -976,11 +1049,11 @@ class _Gpu:
     def _nbytes(ts) -> int:
         return sum(int(t.numel() * t.element_size()) for t in ts)
 
-    def _rotating_time(self, make_w, make_act, call, Ms, on_result, w_first=None) -> None:
+    def _rotating_time(self, make_w, make_act, call, Ms, on_result) -> None:
         """Time call(act_set, w_set) for each M, rotating weight and activation
         copies; on_result(M, us or None, error or None, n_copies)."""
         try:
-            w0 = w_first if w_first is not None else make_w()
+            w0 = make_w()
         except Exception as e:
             for M in Ms:
                 on_result(M, None, "weights: " + _short(e), 0)
@@ -1003,7 +1076,7 @@ class _Gpu:
             except Exception as e:
                 on_result(M, None, _short(e), 0)
             finally:
-                acts = act0 = None
+                launch = acts = act0 = None
         w_sets = w0 = None
         self.free()
 
@@ -1033,85 +1106,123 @@ class _Gpu:
             return torch.from_numpy(x.view(np.int16)).to(self.dev).view(torch.bfloat16)
         return torch.from_numpy(x).to(self.dev)
 
+    def _activation(self, spec, M0: int, K0: int, rng):
+        """random_activation at M0 x K0, shared by the specs with the same
+        activation type (fp8 quantization in numpy is slow)."""
+        from opgen.codegen.reference import random_activation
+        cache = self.__dict__.setdefault("_act_cache", {})
+        key = (spec.a.dtype, spec.a.scale, M0, K0)
+        if key not in cache:
+            if len(cache) >= 16:
+                cache.pop(next(iter(cache)))
+            cache[key] = random_activation(spec, M0, K0, rng)
+        return cache[key]
+
     def _tile(self, t, shape):
+        if t is None:
+            return None
         if tuple(t.shape) == tuple(shape):
             return t
         if not _tile_shape_ok(t.shape, shape):
             raise ValueError(f"cannot tile {tuple(t.shape)} to {tuple(shape)}")
         return t.repeat(*[b // s for s, b in zip(t.shape, shape)]).contiguous()
 
+    def _first_and_time(self, call, act0, w_sets):
+        """Rotating copies of act0 (its last item the output) and of the
+        weights (w_sets, grown in place), then one launch on the timer's
+        stream into a NaN-poisoned output (compiles/loads the kernel, and
+        leaves act0's output for the check).  Returns (launch(i), copies)."""
+        torch = self.torch
+        per = self._nbytes(w_sets[0]) + self._nbytes([x for x in act0 if x is not None])
+        n = self.n_copies(per)
+        while len(w_sets) < n:
+            w_sets.append(tuple(t.clone() for t in w_sets[0]))
+        acts = [act0] + [tuple(None if x is None else x.clone() for x in act0) for _ in range(n - 1)]
+        # the inputs were made on the default stream; the timer's stream is
+        # non-blocking, so wait for them before the first launch
+        torch.cuda.synchronize(self.dev)
+        # compile/load + first launch, with torch's and cupy's current stream the
+        # timer's (a kernel's split-K workspace is zeroed by cupy on first use)
+        with torch.cuda.stream(self.tstream), self.timer.stream:
+            act0[-1].fill_(float("nan"))
+            call(act0, w_sets[0])
+        torch.cuda.synchronize(self.dev)
+
+        def launch(i):
+            call(acts[i % n], w_sets[i % n])
+        return launch, n
+
     def time_spec(self, spec, N: int, K: int, Ms: Sequence[int], db, use_db: bool,
                   verify: bool) -> List[dict]:
+        """Rows for (spec, N, K, each M): opgen's matmul on quantized
+        activations (opgen_us) and, for int8/fp8 activations, opgen's fused
+        linear from fp16 activations (quantize + GEMM: opgen_linear_us)."""
         import numpy as np
         import opgen
-        from opgen.codegen.reference import random_activation, random_weight_tensors
+        from opgen.codegen.reference import random_weight_tensors
         from opgen.runtime.buckets import bucket_of
         torch = self.torch
         rows = {M: {"spec": spec.name, "N": N, "K": K, "M": M, "opgen_us": None} for M in Ms}
-        N0, K0 = base_shape(spec, N, K, getattr(self, "base_limit", 4096))
+        N0, K0 = base_shape(spec, N, K, getattr(self, "base_limit", BASE_LIMIT))
         rng = np.random.default_rng([self.seed, N, K, sum(map(ord, spec.name))])
         try:
             op = opgen.load(spec, N=N, K=K, db=db, use_db=use_db)
             host_w = random_weight_tensors(spec, N0, K0, rng)
             want = stored_shapes(spec, N, K)
             w0 = {k: self._tile(self._to_torch(v), want[k]) for k, v in host_w.items()}
-            bias = None
+            bias = host_bias = None
             if spec.epilogue.bias:
                 host_bias = self.tuner._random_bias(spec, N0, rng)
                 bias = self._tile(self._to_torch(host_bias), (N,))
-            else:
-                host_bias = None
         except Exception as e:
             for r in rows.values():
                 r["error"] = "setup: " + _short(e)
             self.log(f"{spec.name} {N}x{K}: setup failed: {rows[Ms[0]]['error']}")
             return list(rows.values())
+        lin = lin_error = None
+        if spec.a.scale == "row":
+            try:
+                from opgen.runtime.op import load_linear
+                lin = load_linear(spec, N, K, input_dtype="float16", db=db, use_db=use_db)
+            except Exception as e:
+                lin_error = _short(e)
         w_ref = None
         out_dt = {"float16": torch.float16, "bfloat16": torch.bfloat16,
                   "float32": torch.float32}[spec.out.dtype]
         names = list(w0)
         w_sets = [tuple(w0[k] for k in names)]
+
+        def check(got_t, a_rows, s_rows, rows_idx):
+            nonlocal w_ref
+            if w_ref is None:
+                w_ref = _reference_weight(spec, host_w, N0, K0)
+            got = got_t[list(map(int, rows_idx))].float().cpu().numpy()
+            return check_rows(spec, a_rows, s_rows, w_ref, host_bias, got, N, K, N0, K0)
+
         for M in Ms:
             r = rows[M]
             r["base_shape"] = [N0, K0]
+            M0 = base_rows(M)
+            rows_idx = check_rows_of(M)
+            launch = None
             try:
-                a_host, s_host = random_activation(spec, M, K0, rng)
+                a_host, s_host = self._activation(spec, M0, K0, rng)
                 a = self._tile(self._to_torch(a_host), (M, K))
-                a_scale = self._to_torch(s_host)
+                a_scale = self._tile(self._to_torch(s_host), (M,))
                 out = torch.empty(M, N, dtype=out_dt, device=self.dev)
-                act0 = (a, a_scale, out)
-                per = self._nbytes(w_sets[0]) + self._nbytes([x for x in act0 if x is not None])
-                n = self.n_copies(per)
-                while len(w_sets) < n:
-                    w_sets.append(tuple(t.clone() for t in w_sets[0]))
-                acts = [act0] + [tuple(None if x is None else x.clone() for x in act0)
-                                 for _ in range(n - 1)]
 
                 def call(act, w):
                     t = dict(zip(names, w))
                     op(act[0], t["qweight"], t.get("scales"), t.get("zeros"), bias=bias,
                        a_scale=act[1], out=act[2])
-                # the inputs were made on the default stream; the timer's stream
-                # is non-blocking, so wait for them before the first launch
-                torch.cuda.synchronize(self.dev)
-                with torch.cuda.stream(self.tstream):      # compile/load + first launch
-                    out.fill_(float("nan"))
-                    call(act0, w_sets[0])
-                self.torch.cuda.synchronize(self.dev)
-                kern = op.kernel_for(M)
-                r["config"] = kern.config.name
+                launch, n = self._first_and_time(call, (a, a_scale, out), w_sets)
+                r["config"] = op.kernel_for(M).config.name
                 r["bucket"] = bucket_of(M)
                 r["source"] = op.sources.get(r["bucket"])
                 if verify:
-                    if w_ref is None:
-                        w_ref = _reference_weight(spec, host_w, N0, K0)
-                    rows_idx = check_rows_of(M)
-                    got = out[list(map(int, rows_idx))].float().cpu().numpy()
-                    r.update(check_rows(spec, a_host, s_host, w_ref, host_bias, rows_idx, got,
-                                        N, K, N0, K0))
-
-                def launch(i, acts=acts, n=n):
-                    call(acts[i % n], w_sets[i % n])
+                    r.update(check(out, np.asarray(a_host)[rows_idx % M0],
+                                   None if s_host is None else np.asarray(s_host)[rows_idx % M0],
+                                   rows_idx))
                 t = self.measure(launch)
                 r["opgen_us"] = _r(t.median_us)
                 r["samples"] = len(t.samples)
@@ -1123,7 +1234,40 @@ class _Gpu:
                 r["error"] = _short(e)
                 self.log(f"{spec.name} {N}x{K} M={M}: failed: {r['error']}")
             finally:
-                acts = act0 = a = out = None
+                launch = a = a_scale = out = None
+            if lin_error is not None:
+                r["opgen_linear_error"] = lin_error
+            elif lin is not None:
+                try:
+                    from opgen.codegen.reference import quantize_activation
+                    x_host = self.__dict__.setdefault("_x_cache", {}).get((M0, K0))
+                    if x_host is None:
+                        x_host = rng.standard_normal((M0, K0)).astype(np.float16)
+                        self._x_cache[(M0, K0)] = x_host
+                    x = self._tile(self._to_torch(x_host), (M, K))
+                    out = torch.empty(M, N, dtype=out_dt, device=self.dev)
+
+                    def lcall(act, w):
+                        t = dict(zip(names, w))
+                        lin(act[0], t["qweight"], t.get("scales"), t.get("zeros"), bias=bias,
+                            out=act[1])
+                    launch, _ = self._first_and_time(lcall, (x, out), w_sets)
+                    if verify:
+                        # each row quantized over K0 = over K: the tiled row has the same absmax
+                        codes, sc = quantize_activation(spec, x_host[rows_idx % M0])
+                        chk = check(out, codes, sc, rows_idx)
+                        r["linear_verified"] = chk["verified"]
+                        r["linear_rel_err"] = chk.get("rel_err")
+                    t = self.measure(launch)
+                    r["opgen_linear_us"] = _r(t.median_us)
+                    self.log(f"{spec.name} {N}x{K} M={M}: linear (quantize + GEMM) "
+                             f"{t.median_us:.2f} us"
+                             + ("" if r.get("linear_verified") is not False else "  OUTPUT WRONG"))
+                except Exception as e:
+                    r["opgen_linear_error"] = _short(e)
+                    self.log(f"{spec.name} {N}x{K} M={M}: linear failed: {r['opgen_linear_error']}")
+                finally:
+                    launch = x = out = None
         w_sets = w0 = None
         self.free()
         return [rows[M] for M in Ms]
@@ -1134,6 +1278,23 @@ def _reference_weight(spec, host_w, N0: int, K0: int):
     import numpy as np
     from opgen.codegen.reference import dequantize
     return np.asarray(dequantize(spec, host_w, N0, K0), dtype=np.float64)
+
+
+def quantize_spec_for(spec, input_dtype: str = "float16"):
+    """The op-quantize spec runtime.op.QuantizedLinearOp builds for `spec`
+    (for compiling it ahead; None if that cannot be built here)."""
+    try:
+        from opgen.codegen.spec import Activation, Output, Spec
+        return Spec(name=f"quantize_{spec.a.dtype}_{input_dtype}", op="quantize",
+                    a=Activation(input_dtype), b=None, out=Output(spec.a.dtype))
+    except Exception:
+        return None
+
+
+def base_rows(M: int, limit: int = 512) -> int:
+    """M0: the activation rows drawn in numpy, tiled up to M (M itself up to
+    `limit`, else `limit` when it divides M)."""
+    return M if M <= limit or M % limit else limit
 
 
 def check_rows_of(M: int):
@@ -1150,17 +1311,17 @@ def tile_to(x, shape):
     return np.tile(x, [b // s for s, b in zip(x.shape, shape)])
 
 
-def check_rows(spec, a_host, s_host, w_ref, host_bias, rows, got, N, K, N0, K0) -> dict:
-    """Compare output rows `rows` (got: their values, float) with the reference.
+def check_rows(spec, a_rows, s_rows, w_ref, host_bias, got, N, K, N0, K0) -> dict:
+    """Compare output rows (got: their values, float) with the reference.
     The problem is the base problem tiled: a[m, k] = a0[m, k % K0],
     W[n, k] = W0[n % N0, k % K0], so out[m, n] = (K / K0) * (a0 @ W0^T)[m, n % N0]
-    (+ bias, then the activation).  a_host / s_host: the base activation
-    [M, K0] and its row scales; w_ref: the base weight, dequantized."""
+    (+ bias, then the activation).  a_rows / s_rows: those rows of the base
+    activation [., K0] and their scales; w_ref: the base weight, dequantized."""
     import numpy as np
     from opgen.codegen import reference
     from opgen.runtime.tuner import tolerance
-    act = reference.activation_to_float(
-        spec, np.asarray(a_host)[rows], None if s_host is None else np.asarray(s_host)[rows])
+    act = reference.activation_to_float(spec, np.asarray(a_rows),
+                                        None if s_rows is None else np.asarray(s_rows))
     ref = (K // K0) * (act.astype(np.float64) @ w_ref.T)
     ref = np.tile(ref, (1, N // N0))
     if spec.epilogue.bias:

@@ -211,7 +211,8 @@ SYNTH = [
     _row("w2a16_g128", 1, 14.0, bytes_floor_us=10.0),
     _row("bnb_nf4", 1, 20.0, bytes_floor_us=10.0),
     _row("w8a8_int8", 16, 10.0, int_mm_us=None),                              # M < 64: not a target
-    _row("w8a8_int8", 64, 10.0, int_mm_us=9.0),
+    _row("w8a8_int8", 64, 10.0, int_mm_us=9.0, opgen_linear_us=15.0, bminf_w8a8_us=30.0,
+         linear_verified=True),
     _row("w8a8_int8", 256, 10.0, int_mm_us=12.0),
     _row("fp8_e4m3_w8a8", 256, 10.0, scaled_mm_us=None),
     _row("mxfp4", 1, None, error="CompileError: boom"),
@@ -289,6 +290,11 @@ def test_markdown():
     assert "| W2A16 M=1 within 1.4x of byte floor | w2a16_g128 | 1 | 1.40x floor | <= 1.4x | met |" in md
     assert "missed" in md and "## Problems" in md and "CompileError: boom" in md
     assert "## Peers" in md and "torch._int_mm: RuntimeError: M must be > 16" in md
+    w8 = [r for r in res["rows"] if r["spec"] == "w8a8_int8" and r["M"] == 64][0]
+    assert w8["linear_speedup_vs_bminf"] == 2.0
+    assert "## Fused linear from fp16 activations" in md
+    assert "| w8a8_int8 | 8192x8192 | 64 | 15.00 | 10.00 | 30.00 | 2.00x | ok |" in md
+    assert bench.linear_table([r for r in res["rows"] if r["spec"] != "w8a8_int8"]) == ""
 
 
 def test_write_outputs(tmp_path, capsys):
@@ -328,21 +334,31 @@ def test_tiled_problem_check(name):
     rows = bench.check_rows_of(M)
     assert list(rows) == [0, 1, 2, 3, 4]
     w_ref = dequantize(s, w, N0, K0).astype(np.float64)
-    ok = bench.check_rows(s, a0, s0, w_ref, None, rows, full[rows], N, K, N0, K0)
+    s_rows = None if s0 is None else s0[rows]
+    ok = bench.check_rows(s, a0[rows], s_rows, w_ref, None, full[rows], N, K, N0, K0)
     assert ok["verified"] is True and ok["rel_err"] < 1e-6
     bad = full[rows].copy()
     bad[:, N0:] = 0                                   # second N tile unwritten
-    assert bench.check_rows(s, a0, s0, w_ref, None, rows, bad, N, K, N0, K0)["verified"] is False
+    assert bench.check_rows(s, a0[rows], s_rows, w_ref, None, bad, N, K, N0, K0)["verified"] is False
     nan = full[rows].copy()
     nan[0, 0] = np.nan
-    assert bench.check_rows(s, a0, s0, w_ref, None, rows, nan, N, K, N0, K0)["verified"] is False
+    assert bench.check_rows(s, a0[rows], s_rows, w_ref, None, nan, N, K, N0, K0)["verified"] is False
+
+
+def test_tiled_rows():
+    """Activations are drawn at M0 rows and tiled along M as well."""
+    assert bench.base_rows(1) == 1 and bench.base_rows(256) == 256 and bench.base_rows(512) == 512
+    assert bench.base_rows(4096) == 512 and bench.base_rows(1000) == 1000
+    assert list(bench.check_rows_of(4096)) == [0, 1, 2, 3, 2048, 4095]
+    assert list(bench.check_rows_of(1)) == [0]
 
 
 def test_base_shape():
     s = spec("gptq_v2_w4a16_g128")
-    assert bench.base_shape(s, 14336, 57344) == (2048, 4096)
-    assert bench.base_shape(s, 8192, 8192) == (4096, 4096)
-    assert bench.base_shape(s, 4096, 4096) == (4096, 4096)
+    assert bench.base_shape(s, 14336, 57344, limit=4096) == (2048, 4096)
+    assert bench.base_shape(s, 8192, 8192, limit=4096) == (4096, 4096)
+    assert bench.base_shape(s, 8192, 8192) == (2048, 2048)
+    assert bench.base_shape(s, 28672, 8192) == (2048, 2048)
     # a base that breaks the spec's alignment (K0 = 64 < group 128): the full shape
     assert bench.base_shape(s, 4096, 4096 + 64, limit=4096) == (4096, 4096 + 64)
     with pytest.raises(ValueError):
@@ -352,6 +368,8 @@ def test_base_shape():
 # --- the GPU-side code driven with torch CPU tensors -------------------------------
 
 class _FakeTimer:
+    stream = contextlib.nullcontext()        # the cupy stream (a context manager)
+
     def measure(self, launch, budget_us=None, **kw):
         from opgen.runtime.tuner import Timing
         for i in range(3):
@@ -408,11 +426,26 @@ class _FakeOp:
         return out
 
 
+class _FakeLinear:
+    """load_linear stand-in: reference quantization, then the fake op."""
+
+    def __init__(self, op):
+        self.op = op
+
+    def __call__(self, x, qweight, scales=None, zeros=None, bias=None, out=None):
+        import torch
+        from opgen.codegen.reference import quantize_activation
+        codes, sc = quantize_activation(self.op.spec, x.numpy())
+        return self.op(torch.from_numpy(codes), qweight, scales, zeros, bias=bias,
+                       a_scale=torch.from_numpy(sc), out=out)
+
+
 @pytest.mark.parametrize("name", ["gptq_v2_w4a16_g128", "awq_w4a16_g128", "w8a8_int8",
                                   "fp8_e4m3_w8a8", "bitnet_b158", "mxfp4"])
 def test_time_spec_with_torch_cpu(monkeypatch, name):
     torch = pytest.importorskip("torch")
     import opgen
+    from opgen.runtime import op as op_mod
     g = _fake_gpu(monkeypatch, torch)
     s = spec(name)
     ops = []
@@ -421,8 +454,11 @@ def test_time_spec_with_torch_cpu(monkeypatch, name):
         ops.append(_FakeOp(sp, N, K, wrong=(name == "mxfp4")))
         return ops[-1]
     monkeypatch.setattr(opgen, "load", load)
-    rows = g.time_spec(s, 512, 1024, [1, 6], db=None, use_db=False, verify=True)
-    assert [r["M"] for r in rows] == [1, 6]
+    monkeypatch.setattr(op_mod, "load_linear",
+                        lambda sp, N, K, **kw: _FakeLinear(_FakeOp(sp, N, K)))
+    Ms = [1, 6, 1024]                            # 1024: activations tiled along M too
+    rows = g.time_spec(s, 512, 1024, Ms, db=None, use_db=False, verify=True)
+    assert [r["M"] for r in rows] == Ms
     for r in rows:
         assert r.get("error") is None, r
         assert r["opgen_us"] == 7.5 and r["config"] == f"fake_m{r['M']}" and r["source"] == "heuristic"
@@ -431,7 +467,30 @@ def test_time_spec_with_torch_cpu(monkeypatch, name):
             assert r["verified"] is False and "relative error" in r["verify_msg"]
         else:
             assert r["verified"] is True and r["rel_err"] < 1e-2
-    assert ops[0].calls == 2 * (1 + 3)          # one checked call + 3 timed launches, per M
+        if s.a.scale == "row":                   # opgen's fused linear from fp16 activations
+            assert r["opgen_linear_us"] == 7.5 and r["linear_verified"] is True, r
+        else:
+            assert "opgen_linear_us" not in r and "opgen_linear_error" not in r
+    assert ops[0].calls == len(Ms) * (1 + 3)     # one checked call + 3 timed launches, per M
+
+
+def test_linear_failure_is_recorded(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import opgen
+    from opgen.runtime import op as op_mod
+    g = _fake_gpu(monkeypatch, torch)
+    monkeypatch.setattr(opgen, "load", lambda sp, N, K, **kw: _FakeOp(sp, N, K))
+
+    def no_linear(*a, **k):
+        raise RuntimeError("no quantize kernel")
+    monkeypatch.setattr(op_mod, "load_linear", no_linear)
+    s = spec("w8a8_int8")
+    rows = g.time_spec(s, 256, 256, [32], db=None, use_db=False, verify=True)
+    assert rows[0]["opgen_us"] == 7.5 and "no quantize kernel" in rows[0]["opgen_linear_error"]
+    r = bench.finish_row(dict(rows[0], bminf_w8a8_us=20.0), s, MEAS)
+    assert r["linear_speedup_vs_bminf"] is None
+    md = bench.markdown({"rows": [r], "targets": []})
+    assert "## Fused linear from fp16 activations" in md and "fused linear: RuntimeError" in md
 
 
 def test_time_spec_setup_failure(monkeypatch):
@@ -472,6 +531,26 @@ def test_measure_machine_with_torch_cpu(monkeypatch):
         assert (f"{k}_error" in m) != any(x.startswith(k) and not x.endswith("error") for x in m)
 
 
+def test_precompile_fills_the_cubin_cache(monkeypatch, tmp_path):
+    """The background compile (spawned workers) leaves every kernel the op will
+    pick in the cubin cache.  NVRTC needs no GPU; only the arch is faked."""
+    pytest.importorskip("cupy")
+    from opgen.runtime import device, tuner
+    from opgen.runtime.compiler import cache_dir
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(device, "current_arch", lambda: "sm_90")
+    g = object.__new__(bench._Gpu)
+    g.tuner, g.t0 = tuner, time.time()
+    specs = [spec("w4a16_sym_g128"), spec("w8a8_int8")]
+    jobs = g._compile_jobs(specs, [(256, 512)], [1, 2, 64], None, False)
+    assert len(jobs) == len({(j[0], j[1]) for j in jobs}) >= 3
+    # w8a8: the quantize kernel of the fused linear as well
+    assert [j[0].name for j in jobs if j[1] is None] == ["quantize_int8_float16"]
+    handle = g.start_precompile(specs, [(256, 512)], [1, 2, 64], None, False, workers=2)
+    g.wait_precompile(handle)
+    assert len(list(cache_dir().glob("*.cubin"))) == len(jobs)
+
+
 # --- run() with a fake GPU ----------------------------------------------------------
 
 class _FakeGpuRun:
@@ -484,8 +563,11 @@ class _FakeGpuRun:
     def env(self):
         return {"device": "FakeGPU", "torch": "0", "cupy": "0", "nvrtc": "0"}
 
-    def precompile(self, *a, **k):
-        pass
+    def start_precompile(self, *a, **k):
+        return "handle"
+
+    def wait_precompile(self, handle, cancel=False):
+        assert handle == "handle" and not cancel
 
     def measure_machine(self):
         return dict(MEAS)
