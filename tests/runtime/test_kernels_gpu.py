@@ -81,10 +81,15 @@ def configs_for(spec, arch, M, N, K, limit=3):
 MS = [int(m) for m in os.environ.get("OPGEN_GPU_MS", "1,3,16,33,128,1000").split(",")]
 
 
+# OPGEN_GPU_SHAPES=square and OPGEN_GPU_CONFIGS=1 shorten a run (the numpy
+# reference of the large shapes costs seconds per check).
+SQUARE_ONLY = os.environ.get("OPGEN_GPU_SHAPES") == "square"
+N_CONFIGS = int(os.environ.get("OPGEN_GPU_CONFIGS", "2"))
+
+
 def shapes_for(M):
-    """All three LLM shapes for decode sizes, the square one for the rest
-    (the numpy reference of the large ones costs seconds per check)."""
-    return [(4096, 4096), (11008, 4096), (4096, 11008)][: (3 if M <= 3 else 1)]
+    """All three LLM shapes for decode sizes, the square one for the rest."""
+    return [(4096, 4096), (11008, 4096), (4096, 11008)][: (3 if M <= 3 and not SQUARE_ONLY else 1)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -95,7 +100,7 @@ def precompiled():
     arch = current_arch()
     jobs = {(load_spec(shipped_specs()[n]), cfg, arch)
             for n in MATMUL_SPECS for M in MS for (N, K) in shapes_for(M)
-            for cfg in configs_for(load_spec(shipped_specs()[n]), arch, M, N, K, limit=2)}
+            for cfg in configs_for(load_spec(shipped_specs()[n]), arch, M, N, K, limit=N_CONFIGS)}
     for _ in compile_many(jobs):
         pass
 
@@ -107,7 +112,7 @@ def test_spec_matches_reference(name, M, record):
     spec = load_spec(shipped_specs()[name])
     arch = current_arch()
     for (N, K) in shapes_for(M):
-        for i, cfg in enumerate(configs_for(spec, arch, M, N, K, limit=2)):
+        for i, cfg in enumerate(configs_for(spec, arch, M, N, K, limit=N_CONFIGS)):
             run_check(spec, cfg, M, N, K, seed=1000 * M + i, record=record)
 
 
