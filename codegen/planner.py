@@ -212,49 +212,51 @@ def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
     return True
 
 
-GEMM_TILES = [  # (BM, BN, BK, WM, WN)
+# Block tiles (BM, BN, BK, WM, WN) the planner tries: at most 8 warps and 64
+# fp32 accumulators per thread, so that none spills at 255 registers.
+GEMM_TILES = [
     (16, 64, 64, 16, 16), (16, 128, 64, 16, 32), (16, 256, 64, 16, 64),
     (32, 128, 64, 32, 32), (32, 256, 64, 32, 64),
-    (64, 128, 64, 32, 64), (64, 256, 64, 64, 64), (128, 128, 64, 64, 64),
-    (128, 256, 64, 64, 64), (128, 128, 64, 64, 32), (128, 256, 64, 64, 32),
-    (256, 128, 64, 64, 64),
+    (64, 128, 64, 32, 64), (64, 256, 64, 32, 64), (128, 64, 64, 64, 32),
+    (128, 128, 64, 64, 32),
     # 128-byte rows of 8-bit operands (int8 / fp8 activations)
     (16, 128, 128, 16, 32), (32, 128, 128, 32, 32), (64, 128, 128, 32, 64),
-    (64, 128, 128, 32, 32), (128, 64, 128, 32, 32),
-    (128, 128, 128, 64, 64), (128, 256, 128, 64, 64),
+    (64, 128, 128, 32, 32), (128, 64, 128, 32, 32), (128, 128, 128, 64, 32),
 ]
+STAGES = (3, 4, 5)
+SPLITS = (1, 2, 4, 8)
 
 
-def all_configs(spec: Spec) -> List[Config]:
+def all_configs() -> List[Config]:
     out = []
     for (BM, BN, BK, WM, WN) in GEMM_TILES:
-        for stages in (3, 4, 5):
-            for sk in (1, 2, 4, 8):
+        for stages in STAGES:
+            for sk in SPLITS:
                 out.append(Config("gemm", BM, BN, BK, WM, WN, stages, sk))
                 if BM >= 64:   # two resident blocks: 128 registers for 256 threads
                     out.append(Config("gemm", BM, BN, BK, WM, WN, stages, sk, min_blocks=2))
     for mmax in (1, 2, 4, 8):
         for warps in (4, 8):
             for vb in (16, 8, 4):
-                for sk in (1, 2, 4, 8):
+                for sk in SPLITS:
                     out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax))
     return out
 
 
-def candidates(spec: Spec, arch: str, M: int, N: int, K: int) -> List[Config]:
-    """Valid configurations worth timing for this problem size."""
+def candidates(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> List[Config]:
+    """Valid configurations worth timing for this problem size: GEMV only for
+    M <= 8 and with the smallest mmax >= M; GEMM tiles no taller than 2M;
+    split-K only while the grid stays under 8 waves and slices keep 4 k-tiles."""
     check_shape(spec, N, K)
     out, why = [], {}
-    for cfg in all_configs(spec):
-        if cfg.family == "gemv" and (M > cfg.mmax or cfg.mmax >= 2 * max(M, 1) and cfg.mmax > 1):
+    for cfg in all_configs():
+        if cfg.family == "gemv" and (M > cfg.mmax or (cfg.mmax > 1 and cfg.mmax >= 2 * M)):
             continue
         if cfg.family == "gemm":
             if cfg.BM > max(16, 2 * M):
                 continue
             tiles = -(-N // cfg.BN) * -(-M // cfg.BM)
-            if cfg.split_k > 1 and tiles * cfg.split_k > 8 * 132:
-                continue
-            if cfg.split_k > 1 and K // cfg.split_k < 4 * cfg.BK:
+            if cfg.split_k > 1 and (tiles * cfg.split_k > 8 * sms or K // cfg.split_k < 4 * cfg.BK):
                 continue
         try:
             g = geometry(spec, cfg, arch)
@@ -263,30 +265,38 @@ def candidates(spec: Spec, arch: str, M: int, N: int, K: int) -> List[Config]:
             continue
         if shape_ok(g, cfg, N, K):
             out.append(cfg)
-    if not out and why:
-        raise PlanError(f"no kernel configuration fits {spec.name} on {arch} at N={N}, K={K}: "
-                        + max(why, key=why.get))
+    if not out:
+        reason = f": {max(why, key=why.get)}" if why else ""
+        raise PlanError(f"no kernel configuration fits {spec.name} on {arch} at N={N}, K={K}{reason}")
     return out
 
 
+def blocks(spec: Spec, cfg: Config, M: int, N: int) -> int:
+    """Thread blocks one launch of cfg runs."""
+    if cfg.family == "gemm":
+        return -(-N // cfg.BN) * -(-M // cfg.BM) * cfg.split_k
+    lay = weight_layout(spec)
+    if lay.row_axis == "n":                   # one warp per output column
+        return -(-N // cfg.warps) * cfg.split_k
+    n_per_block = 32 * vector(lay, cfg.vbytes).n_extent   # one lane per vector column
+    return -(-N // n_per_block) * cfg.split_k
+
+
 def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> Config:
-    """A reasonable pick without tuning: GEMV for decode, else the GEMM tile
-    that fills the SMs with the fewest, largest tiles; split-K when too few."""
-    cands = candidates(spec, arch, M, N, K)
-    if not cands:
-        raise PlanError(f"no kernel configuration fits {spec.name} on {arch} at N={N}, K={K}")
+    """A reasonable pick without tuning: for decode (M <= 4) the GEMV with two
+    waves of blocks, the widest loads and the fewest split-K slices; else the
+    GEMM tile that fills the SMs with the least padding of M and the largest
+    tiles, split-K only when the tiles alone leave SMs idle."""
+    cands = candidates(spec, arch, M, N, K, sms)
     gemv = [c for c in cands if c.family == "gemv"]
     if M <= 4 and gemv:
-        # Enough blocks for two waves, the widest loads, the fewest split-K slices.
-        per_block = lambda c: c.warps if weight_layout(spec).row_axis == "n" else 32 * 4
-        blocks = lambda c: N / per_block(c) * c.split_k
-        return min(gemv, key=lambda c: (blocks(c) < 2 * sms, -c.vbytes, c.warps != 4, c.split_k))
+        return min(gemv, key=lambda c: (blocks(spec, c, M, N) < 2 * sms, -c.vbytes,
+                                        c.warps != 4, c.split_k))
 
     def score(c: Config):
         if c.family != "gemm":
-            return (9, 0, 0)
-        tiles = -(-N // c.BN) * -(-M // c.BM) * c.split_k
+            return (True, 9.0, 0, 0, True, True)
         waste = (-(-M // c.BM) * c.BM) / M
-        return (tiles < sms, round(waste, 1), -c.BM * c.BN, c.split_k, c.stages != 4,
-                c.min_blocks != 1)
+        return (blocks(spec, c, M, N) < sms, round(waste, 1), -c.BM * c.BN, c.split_k,
+                c.stages != 4, c.min_blocks != 1)
     return min(cands, key=score)

@@ -1,0 +1,71 @@
+"""The tile planner and the lowering it stands on (CPU only)."""
+import pytest
+
+from opgen.codegen import planner
+from opgen.codegen.lower import vector, weight_layout
+from opgen.codegen.validate import load_spec, shipped_specs
+
+MATMUL = [n for n, p in sorted(shipped_specs().items()) if load_spec(p).op == "matmul"]
+
+
+def spec(name):
+    return load_spec(shipped_specs()[name])
+
+
+@pytest.mark.parametrize("name", MATMUL)
+def test_vector_covers_each_element_once(name):
+    """Every code slot of a weight vector lands on a distinct element, and the
+    elements fill the vector's logical extent."""
+    s = spec(name)
+    lay = weight_layout(s)
+    for vb in (4, 8, 16):
+        if vb % lay.elem_bytes:
+            continue
+        v = vector(lay, vb)
+        seen = sorted([p.ia for p in v.pairs] + [p.ib for p in v.pairs])
+        assert seen == list(range(v.nrows * v.ncols))
+        cells = set(zip(v.dn, v.dk))
+        assert len(cells) == v.nrows * v.ncols == v.n_extent * v.k_extent
+
+
+@pytest.mark.parametrize("name", MATMUL)
+@pytest.mark.parametrize("M", [1, 3, 8, 16, 100, 4096])
+def test_candidates_and_heuristic(name, M):
+    s = spec(name)
+    cands = planner.candidates(s, "sm_90", M, 4096, 11008)
+    assert cands and len(set(cands)) == len(cands)
+    pick = planner.heuristic(s, "sm_90", M, 4096, 11008)
+    assert pick in cands
+    for c in cands:
+        assert c.family == "gemm" or M <= c.mmax <= 8
+        if c.family == "gemm":
+            assert c.BM <= max(16, 2 * M)
+    if M > 8:
+        assert pick.family == "gemm"
+
+
+def test_config_round_trip_and_names():
+    cfgs = planner.all_configs()
+    assert len({c.name for c in cfgs}) == len(cfgs)
+    for c in cfgs[:50]:
+        assert planner.Config.from_dict(c.to_dict()) == c
+
+
+def test_geometry_refusals_name_the_reason():
+    s = spec("w8a8_int8")
+    with pytest.raises(planner.PlanError, match="multiple of 128"):
+        planner.geometry(s, planner.Config("gemm", 16, 128, 64, 16, 32, 4, 1), "sm_90")
+    with pytest.raises(planner.PlanError, match="float16/bfloat16 activations"):
+        planner.geometry(s, planner.Config("gemv"), "sm_90")
+    with pytest.raises(planner.PlanError, match="sm_89"):
+        planner.geometry(spec("fp8_e4m3_w8a8"), planner.Config("gemm", 16, 128, 128, 16, 32, 4, 1), "sm_80")
+    with pytest.raises(planner.PlanError, match="shared memory"):
+        planner.geometry(spec("fp16"), planner.Config("gemm", 128, 128, 64, 64, 32, 16, 1), "sm_86")
+
+
+def test_fixed_shape_in_spec_is_enforced():
+    from dataclasses import replace
+    from opgen.codegen.spec import Shape
+    s = replace(spec("w4a16_sym_g128"), shape=Shape(None, 4096, 4096))
+    with pytest.raises(planner.PlanError, match="spec fixes N=4096"):
+        planner.check_shape(s, 8192, 4096)
