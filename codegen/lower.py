@@ -54,6 +54,7 @@ class Numerics:
     out_t: str
     code_kind: str           # uint | int | ternary | table | fp4 | fp8e4m3 | fp8e5m2 | f16 | bf16
     dense: bool              # weights are already the mma operand type: no decode
+    a_decode: bool           # activations widened (fp8 -> fp16) in shared memory
     a_row_scale: bool
     scale_dtype: Optional[str]
     scale_gran: Optional[str]     # group | channel | tensor | None
@@ -98,13 +99,16 @@ _FLOAT_KIND = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3": "fp8e4m3",
                "float8_e5m2": "fp8e5m2"}
 
 
-def numerics(spec: Spec) -> Numerics:
+def numerics(spec: Spec, fp8_mma: bool = True) -> Numerics:
+    """fp8_mma: the target has an e4m3 mma.sync (sm_89+). Without it fp8
+    activations are widened to fp16 in shared memory and the weights decoded,
+    so the f16 tensor cores run the product (`a_decode`)."""
     w = spec.b
     a = spec.a
-    mma = a.dtype
+    mma = a.dtype if (a.dtype != "float8_e4m3" or fp8_mma) else "float16"
     code = weight_code(w)
     kind = _FLOAT_KIND.get(w.dtype) or ("fp4" if w.dtype == "fp4_e2m1" else _CODE_KIND[code.kind])
-    dense = (w.dtype == a.dtype)
+    dense = (w.dtype == mma)
     s, z = w.scale, w.zero
     zP = 1
     if z.kind == "int" and z.pack is not None:
@@ -117,6 +121,7 @@ def numerics(spec: Spec) -> Numerics:
         out_t=CUDA_TYPES[spec.out.dtype],
         code_kind=kind,
         dense=dense,
+        a_decode=mma != a.dtype,
         a_row_scale=a.scale == "row",
         scale_dtype=s.dtype if s else None,
         scale_gran=s.granularity if s else None,

@@ -92,7 +92,7 @@ def _vector_bytes(lay: Layout, rowb: int, group: int, k_extent_max: int) -> Opti
 def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     """Template constants for (spec, cfg, arch), or PlanError saying why not."""
     a = hw.arch(arch)
-    num = numerics(spec)
+    num = numerics(spec, fp8_mma=a.fp8_mma)
     mma = hw.MMAS[num.mma]
     if mma.min_cc > a.cc:
         raise PlanError(f"{num.mma} activations need sm_{mma.min_cc}+ tensor cores (target {arch})")
@@ -108,8 +108,9 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     threads = (BM // WM) * (BN // WN) * 32
     if threads > 256 or threads < 64:
         raise PlanError(f"{threads} threads per block")
-    g = dict(threads=threads, ce=ce, mma_ptx=mma.ptx, acc_int=mma.acc == "s32",
-             dense=num.dense)
+    a_bytes = hw.MMAS[spec.a.dtype].a_bytes     # stored activation bytes (1 when widened)
+    g = dict(threads=threads, ce=ce, a_bytes=a_bytes, a_decode=num.a_decode,
+             mma_ptx=mma.ptx, acc_int=mma.acc == "s32", dense=num.dense)
     if num.dense:
         if lay.row_axis == "n":
             g.update(b_kmajor=True, b_rows=BN, b_rowb=BK * ce)
@@ -147,7 +148,8 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
         bs = 2 * bs_rows * bs_rowb
     if cfg.stages < 2 + (0 if num.dense else 1):
         raise PlanError("decoded weights need at least 3 pipeline stages")
-    smem = cfg.stages * (BM * BK * ce + b_stage) + bs
+    a_dec = 2 * BM * BK * ce if num.a_decode else 0     # widened A, double-buffered
+    smem = cfg.stages * (BM * BK * a_bytes + b_stage) + bs + a_dec
     # Static shared memory (codebook, split-K flag) shares the opt-in limit.
     if smem + STATIC_SMEM_RESERVE > a.smem_per_block:
         raise PlanError(f"{smem} bytes of shared memory > {a.smem_per_block} on {arch}")
@@ -186,7 +188,7 @@ def _stores(vec: Vector, kmajor: bool) -> List[dict]:
 
 
 def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
-    if num.mma not in ("float16", "bfloat16"):
+    if spec.a.dtype not in ("float16", "bfloat16"):
         raise PlanError("the GEMV family takes float16/bfloat16 activations")
     if lay.row_axis == "n" and lay.row_div != 1:
         raise PlanError("GEMV needs nt weights packed along k")

@@ -6,7 +6,7 @@ from importlib import resources
 
 import jinja2
 
-from . import planner
+from . import hw, planner
 from .lower import decode_plan, numerics, weight_layout
 from .spec import WEIGHT_CODES, Spec
 
@@ -49,7 +49,7 @@ def _zero_context(num) -> dict:
 def render(spec: Spec, cfg: planner.Config, arch: str) -> tuple[str, dict]:
     """CUDA source and the launch geometry (dict from planner.geometry)."""
     g = planner.geometry(spec, cfg, arch)
-    num = numerics(spec)
+    num = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma)
     lay = weight_layout(spec)
     ctx = dict(
         spec_name=spec.name, kernel_name=kernel_name(spec, cfg), c=cfg, g=g, num=num, lay=lay,
