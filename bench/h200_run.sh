@@ -8,7 +8,7 @@ export OPGEN_CACHE_DIR=/tmp/opgen_cache PYTHONUNBUFFERED=1
 python3 -m pip install --no-deps --no-build-isolation -q -e . > "$OUT/install.log" 2>&1
 # 1. correctness (the results file is rewritten after every check)
 OPGEN_RESULTS="$OUT/gpu_correctness.json" timeout "${T_TEST:-600}" python3 -m pytest -q -p no:cacheprovider \
-  tests/runtime/test_kernels_gpu.py tests/runtime/test_ops_gpu.py tests/runtime/test_tuner_gpu.py \
+  tests/runtime/test_kernels_gpu.py tests/runtime/test_op_gpu.py tests/runtime/test_tuner_gpu.py \
   > "$OUT/pytest_gpu.txt" 2>&1
 grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.txt" | tail -12
 # 2. tune the headline W4A16 spec at N=K=8192 into the DB we ship

@@ -151,7 +151,7 @@ def _paths(result) -> List[str]:
     return [str(p) for p in result]
 
 
-# --- bench (opgen/bench.py; imports torch/cupy only when it runs) ---------------------
+# --- bench (opgen/bench/; imports torch/cupy only when it runs) -----------------------
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
     from opgen import bench

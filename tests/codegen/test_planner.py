@@ -57,8 +57,11 @@ def test_geometry_refusals_name_the_reason():
         planner.geometry(s, planner.Config("gemm", 16, 128, 64, 16, 32, 4, 1), "sm_90")
     with pytest.raises(planner.PlanError, match="float16/bfloat16 activations"):
         planner.geometry(s, planner.Config("gemv"), "sm_90")
-    with pytest.raises(planner.PlanError, match="sm_89"):
-        planner.geometry(spec("fp8_e4m3_w8a8"), planner.Config("gemm", 16, 128, 128, 16, 32, 4, 1), "sm_80")
+    # no e4m3 mma before sm_89: fp8 activations are widened to fp16 (BK of 64 halves)
+    g = planner.geometry(spec("fp8_e4m3_w8a8"), planner.Config("gemm", 16, 128, 64, 16, 32, 4, 1), "sm_80")
+    assert g["a_decode"] and not g["dense"]
+    with pytest.raises(planner.PlanError, match="GEMV family"):
+        planner.geometry(spec("fp8_e4m3_w8a8"), planner.Config("gemv"), "sm_80")
     with pytest.raises(planner.PlanError, match="shared memory"):
         planner.geometry(spec("fp16"), planner.Config("gemm", 128, 128, 64, 64, 32, 16, 1), "sm_86")
 

@@ -135,3 +135,18 @@ def test_odd_shapes(name, data, record):
         return
     cfg = data.draw(st.sampled_from(cands), label="config")
     run_check(spec, cfg, M, N, K, seed=data.draw(st.integers(0, 2**31)), record=record)
+
+
+@pytest.mark.parametrize("M", [1, 16, 200])
+def test_fp8_activation_fallback(M, monkeypatch, record):
+    """The path sm_80/86 take for fp8 activations (widened to fp16 in shared
+    memory, f16 mma), forced on this GPU by hiding its e4m3 mma."""
+    from dataclasses import replace
+    from opgen.codegen import hw
+    from opgen.runtime.device import current_arch
+    arch = current_arch()
+    monkeypatch.setitem(hw.ARCHS, arch, replace(hw.ARCHS[arch], fp8_mma=False))
+    spec = load_spec(shipped_specs()["fp8_e4m3_w8a8"])
+    cfg = planner.heuristic(spec, arch, M, 4096, 4096)
+    assert planner.geometry(spec, cfg, arch)["a_decode"]
+    run_check(spec, cfg, M, 4096, 4096, seed=M, record=record)

@@ -23,10 +23,6 @@ def spec(name):
 @pytest.mark.parametrize("name", SPECS)
 def test_build_every_spec(name, arch, tmp_path):
     s = spec(name)
-    if s.a.dtype == "float8_e4m3" and arch in ("sm_80", "sm_86"):
-        with pytest.raises(planner.PlanError, match="sm_89"):
-            build_spec(s, tmp_path, arch)
-        return
     paths = build_spec(s, tmp_path, arch, M=16 if arch != "sm_90" else None)
     assert any(p.suffix == ".cu" for p in paths)
     assert any(p.suffix == ".cubin" and p.stat().st_size > 1000 for p in paths)
@@ -41,8 +37,6 @@ MMA_OP = {"int8": "IMMA", "float16": "HMMA", "bfloat16": "HMMA", "float8_e4m3": 
 @pytest.mark.parametrize("name", [n for n in SPECS if spec(n).op == "matmul"])
 def test_default_gemm_sass_and_resources(name, M, arch):
     s = spec(name)
-    if s.a.dtype == "float8_e4m3" and arch == "sm_80":
-        pytest.skip("fp8 mma needs sm_89+")
     cfg = planner.heuristic(s, arch, M, 4096, 4096)
     assert cfg.family == "gemm"
     c = compiler.compile_kernel(s, cfg, arch)

@@ -93,7 +93,7 @@ def test_import_needs_neither_torch_nor_cupy():
 def test_command_line(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["/usr/bin/opgen", "bench", "--quick", "--out", "a b"])
     assert bench._command_line(parse([])) == "opgen bench --quick --out 'a b'"
-    monkeypatch.setattr(sys, "argv", ["/x/opgen/bench.py", "--quick"])
+    monkeypatch.setattr(sys, "argv", ["/x/opgen/bench/__main__.py", "--quick"])
     ns = parse([])
     ns.entry = "python -m opgen.bench"
     assert bench._command_line(ns) == "python -m opgen.bench --quick"
@@ -583,7 +583,7 @@ class _FakeGpuRun:
 
 
 def test_run_with_fake_gpu(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(bench, "_Gpu", _FakeGpuRun)
+    monkeypatch.setattr(bench.runner, "_Gpu", _FakeGpuRun)
     monkeypatch.setattr(sys, "argv", ["opgen", "bench", "--quick", "--Ms", "1,64"])
     args = parse(["--quick", "--Ms", "1,64", "--no-db", "--no-plots", "--out", str(tmp_path)])
     assert bench.run(args) == 0

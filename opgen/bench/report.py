@@ -1,0 +1,248 @@
+"""The outputs of `opgen bench`: bench.json, bench.md (the Markdown tables) and
+the plots speedup.png / floor.png.  Pure Python (matplotlib if installed)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from opgen.bench.plan import BASELINE, PEER_LABELS, PEERS
+from opgen.bench.targets import TARGET_SHAPE
+
+# --- Markdown ---------------------------------------------------------------------
+
+def _fmt_us(x) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.2f}" if x < 100 else f"{x:.1f}" if x < 10000 else f"{x:.0f}"
+
+
+def _fmt_x(x) -> str:
+    return "—" if x is None else f"{x:.2f}x"
+
+
+def _fmt_pct(x) -> str:
+    return "—" if x is None else f"{x:.0f}%"
+
+
+def _table(headers: List[str], rows: List[List[str]], align: Optional[str] = None) -> str:
+    align = align or "l" * len(headers)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def results_table(rows: Sequence[dict]) -> str:
+    """The per-(spec, N, K, M) table."""
+    headers = ["spec", "N x K", "M", "opgen µs", "config", "src", "cuBLAS fp16 µs", "speedup",
+               "peer", "peer µs", "vs peer", "floor µs", "% floor", "check"]
+    body = []
+    for r in rows:
+        peer = r.get("relevant_peer")
+        if peer:
+            pus = r.get(f"{peer}_us")
+            peer_us = _fmt_us(pus) if pus is not None else (
+                "err" if (r.get("peer_errors") or {}).get(peer) else "—")
+        else:
+            peer_us = "—"
+        opgen = _fmt_us(r.get("opgen_us")) if r.get("opgen_us") is not None else (
+            "err" if r.get("error") else "—")
+        check = {True: "ok", False: "WRONG", None: "—"}[r.get("verified")]
+        bound = {"memory": " (mem)", "compute": " (mma)"}.get(r.get("bound"), "")
+        body.append([r["spec"], f"{r['N']}x{r['K']}", r["M"], opgen, r.get("config") or "—",
+                     r.get("source") or "—", _fmt_us(r.get(f"{BASELINE}_us")),
+                     _fmt_x(r.get("speedup_vs_cublas_fp16")),
+                     PEER_LABELS.get(peer, "—") if peer and peer != BASELINE else "—",
+                     peer_us if peer and peer != BASELINE else "—",
+                     _fmt_x(r.get("speedup_vs_peer")) if peer and peer != BASELINE else "—",
+                     _fmt_us(r.get("floor_us")) + bound, _fmt_pct(r.get("pct_of_floor")), check])
+    return _table(headers, body, "lllrllrrlrrrrl")
+
+
+def peers_table(peer_rows: Sequence[dict], peers: Sequence[str] = PEERS) -> str:
+    headers = ["N x K", "M"] + [PEER_LABELS[p] + " µs" for p in peers]
+    body = []
+    for r in peer_rows:
+        cells = []
+        for p in peers:
+            us = r.get(f"{p}_us")
+            cells.append(_fmt_us(us) if us is not None else
+                         ("err" if (r.get("errors") or {}).get(p) else "—"))
+        body.append([f"{r['N']}x{r['K']}", r["M"], *cells])
+    return _table(headers, body, "lr" + "r" * len(peers))
+
+
+def linear_table(rows: Sequence[dict]) -> str:
+    """opgen's fused linear (quantize + GEMM from fp16 activations) against the
+    unfused BMINF W8A8 pipeline; "" when no row has one."""
+    rows = [r for r in rows if "opgen_linear_us" in r or "opgen_linear_error" in r]
+    if not rows:
+        return ""
+    body = []
+    for r in rows:
+        lu = r.get("opgen_linear_us")
+        check = {True: "ok", False: "WRONG", None: "—"}[r.get("linear_verified")]
+        body.append([r["spec"], f"{r['N']}x{r['K']}", r["M"],
+                     _fmt_us(lu) if lu is not None else "err", _fmt_us(r.get("opgen_us")),
+                     _fmt_us(r.get("bminf_w8a8_us")), _fmt_x(r.get("linear_speedup_vs_bminf")),
+                     check])
+    return _table(["spec", "N x K", "M", "opgen linear µs", "opgen GEMM µs", "BMINF W8A8 µs",
+                   "vs BMINF", "check"], body, "llrrrrrl")
+
+
+def targets_section(targets: Sequence[dict]) -> str:
+    n_met = sum(t["status"] == "met" for t in targets)
+    n_missed = sum(t["status"] == "missed" for t in targets)
+    body = []
+    for t in targets:
+        if t["ratio"] is None:
+            measured = "—"
+        elif t["metric"] == "bytes_floor":
+            measured = f"{t['ratio']:.2f}x floor"
+        else:
+            measured = f"{t['ratio']:.2f}x"
+        status = t["status"] + (f" ({t['why']})" if t.get("why") and t["status"] != "met" else "")
+        body.append([t["target"], t["spec"], "—" if t["M"] is None else t["M"], measured,
+                     f"{t['op']} {t['need']:g}x", status])
+    N, K = (targets[0]["N"], targets[0]["K"]) if targets else TARGET_SHAPE
+    if all(t["status"] == "not measured" for t in targets):
+        return (f"## Targets (N = {N}, K = {K})\n\nNot evaluated: this run has no row at "
+                f"N = {N}, K = {K} for the target specs.")
+    head = (f"## Targets (N = {N}, K = {K})\n\n{n_met} met, {n_missed} missed, "
+            f"{len(targets) - n_met - n_missed} not measured / n/a.\n\n")
+    return head + _table(["target", "spec", "M", "measured", "need", "status"], body, "llrrll")
+
+
+def markdown(results: dict) -> str:
+    env, meas = results.get("env", {}), results.get("measured", {})
+
+    def num(k, unit, nd=1):
+        v = meas.get(k)
+        return f"{v:.{nd}f} {unit}" if v else "not measured"
+
+    lines = [f"# opgen bench: {env.get('device', '?')}", ""]
+    lines.append(f"`{results.get('command', '')}`")
+    lines.append("")
+    if results.get("complete") is False:
+        lines += ["**Partial results: the run had not finished when this was written.**", ""]
+    lines.append(f"torch {env.get('torch', '?')} (CUDA {env.get('torch_cuda', '?')}), "
+                 f"cupy {env.get('cupy', '?')}, NVRTC {env.get('nvrtc', '?')}, "
+                 f"opgen {env.get('opgen', '?')}, {results.get('started_at', '')}")
+    lines.append("")
+    lines.append(f"Measured in this run: copy {num('copy_tbps', 'TB/s', 2)} (device-to-device, "
+                 f"read + write), fp16 {num('fp16_tflops', 'TFLOP/s')}, "
+                 f"int8 {num('int8_tops', 'TOP/s')}, fp8 {num('fp8_tflops', 'TFLOP/s')} "
+                 "(cuBLAS at 8192^3).  Floor = max(bytes / copy bandwidth, flops / ceiling); "
+                 "% floor = floor / opgen time.  All times are medians in µs.")
+    lines.append("")
+    lines.append("## Results")
+    lines.append("")
+    lines.append(results_table(results.get("rows", [])))
+    lin = linear_table(results.get("rows", []))
+    if lin:
+        lines += ["", "## Fused linear from fp16 activations", "",
+                  "opgen's quantize kernel + GEMM with both scales fused (`opgen.runtime.op."
+                  "load_linear`), against the unfused BMINF pipeline (per-row quantize in torch "
+                  "ops, `torch._int_mm`, scaling); the GEMM column is opgen on pre-quantized "
+                  "activations.", "", lin]
+    if results.get("peer_rows"):
+        lines += ["", "## Peers", "", peers_table(results["peer_rows"],
+                                                  results.get("peers") or PEERS)]
+        errs = sorted({(p, e) for r in results["peer_rows"]
+                       for p, e in (r.get("errors") or {}).items()})
+        if errs:
+            lines += ["", "Peer errors (first of each):", ""]
+            seen = set()
+            for p, e in errs:
+                if p not in seen:
+                    seen.add(p)
+                    lines.append(f"- {PEER_LABELS.get(p, p)}: {e}")
+    problems = []
+    for r in results.get("rows", []):
+        where = f"- {r['spec']} {r['N']}x{r['K']} M={r['M']}"
+        if r.get("error"):
+            problems.append(f"{where}: {r['error']}")
+        elif r.get("verified") is False:
+            problems.append(f"{where}: output check failed ({r.get('verify_msg', '')})")
+        if r.get("opgen_linear_error"):
+            problems.append(f"{where}, fused linear: {r['opgen_linear_error']}")
+        elif r.get("linear_verified") is False:
+            problems.append(f"{where}, fused linear: output check failed")
+    if problems:
+        lines += ["", "## Problems", ""] + problems
+    if results.get("targets") is not None:
+        lines += ["", targets_section(results["targets"])]
+    return "\n".join(lines) + "\n"
+
+
+# --- plots ------------------------------------------------------------------------
+
+def plot(results: dict, out_dir: Path) -> List[str]:
+    """speedup.png (speedup over cuBLAS fp16 vs M) and floor.png (% of floor vs
+    M), one subplot per shape, one line per spec.  [] (with a message) when
+    matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("opgen bench: matplotlib not installed, no plots", file=sys.stderr)
+        return []
+    rows = [r for r in results.get("rows", []) if r.get("opgen_us") is not None]
+    shapes = list(dict.fromkeys((r["N"], r["K"]) for r in rows))
+    if not shapes:
+        return []
+    written = []
+    for fname, key, ylabel, ref in (
+            ("speedup.png", "speedup_vs_cublas_fp16", "speedup over cuBLAS fp16 (x)", 1.0),
+            ("floor.png", "pct_of_floor", "% of memory/compute floor", 100.0)):
+        ncol = min(len(shapes), 3)
+        nrow = -(-len(shapes) // ncol)
+        fig, axes = plt.subplots(nrow, ncol, figsize=(6.5 * ncol, 4.5 * nrow), squeeze=False)
+        for ax, (N, K) in zip(axes.flat, shapes):
+            specs = list(dict.fromkeys(r["spec"] for r in rows if (r["N"], r["K"]) == (N, K)))
+            for s in specs:
+                pts = sorted((r["M"], r[key]) for r in rows
+                             if (r["N"], r["K"], r["spec"]) == (N, K, s) and r.get(key) is not None)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s)
+            ax.axhline(ref, color="gray", linestyle="--", linewidth=1)
+            ax.set_xscale("log", base=2)
+            ms = sorted({r["M"] for r in rows if (r["N"], r["K"]) == (N, K)})
+            ax.set_xticks(ms)
+            ax.set_xticklabels([str(m) for m in ms])
+            ax.minorticks_off()
+            if key == "speedup_vs_cublas_fp16":
+                ax.set_yscale("log", base=2)
+            ax.set_title(f"N={N}, K={K}")
+            ax.set_xlabel("M (tokens)")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        for ax in list(axes.flat)[len(shapes):]:
+            ax.set_visible(False)
+        fig.suptitle(f"opgen on {results.get('env', {}).get('device', '?')}")
+        fig.tight_layout()
+        path = Path(out_dir) / fname
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(str(path))
+    return written
+
+
+def _json_default(x):
+    item = getattr(x, "item", None)          # numpy scalars
+    return item() if callable(item) else str(x)
+
+
+def write_outputs(results: dict, out_dir, plots: bool = True) -> List[str]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.json").write_text(json.dumps(results, indent=1, default=_json_default) + "\n")
+    (out_dir / "bench.md").write_text(markdown(results))
+    paths = [str(out_dir / "bench.json"), str(out_dir / "bench.md")]
+    if plots:
+        paths += plot(results, out_dir)
+    return paths
