@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+ALIGN = 16
+
 # storage dtype name -> accepted (framework-neutral) dtype names
 ACCEPT = {
     "float16": ("float16",),
@@ -56,6 +58,9 @@ def check(v: View, what: str, shape: Tuple[int, ...], storage: str, device: Opti
         raise ValueError(f"{what}: dtype {v.dtype}, expected {storage} (as {' or '.join(ok)})")
     if not v.contiguous:
         raise ValueError(f"{what}: must be contiguous (row-major)")
+    if v.ptr % ALIGN:
+        # The kernels move 16-byte vectors (cp.async, ld.global.v4).
+        raise ValueError(f"{what}: data pointer must be {ALIGN}-byte aligned (is {v.ptr % ALIGN} past)")
     if device is not None and v.device != device:
         raise ValueError(f"{what}: on device {v.device}, but the inputs are on device {device}")
 
