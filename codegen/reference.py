@@ -39,7 +39,8 @@ __all__ = [
     "encode_zeros", "decode_zeros",
     "random_codes", "random_weight_tensors", "quantize", "dequantize",
     "scales_nk", "zeros_nk", "quantize_activation", "activation_to_float",
-    "random_activation", "reference_matmul", "reference_matmul_f32",
+    "random_activation", "random_bias", "reference_matmul", "reference_matmul_f32",
+    "float_or_bf16_bits", "apply_activation",
 ]
 
 SpecLike = Union[Spec, Weight]
@@ -588,7 +589,7 @@ def random_weight_tensors(spec: SpecLike, N: int, K: int,
 # --- activations -----------------------------------------------------------------------
 
 
-def _float_or_bf16_bits(x: np.ndarray) -> np.ndarray:
+def float_or_bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 values of an array that is either real values (any float
     dtype) or bfloat16 bit patterns (np.uint16): the numpy dtype says which."""
     x = np.asarray(x)
@@ -618,7 +619,7 @@ def quantize_activation(spec: Spec, a: np.ndarray) -> Tuple[np.ndarray, np.ndarr
     kernels free of 0/0). Returns (codes, a_scale float32 [M]).
     """
     target = _quant_target(spec)
-    x = _float_or_bf16_bits(a)
+    x = float_or_bf16_bits(a)
     amax = np.abs(x).max(axis=-1)
     if target == "int8":
         qmax = np.float32(127.0)
@@ -643,7 +644,7 @@ def activation_to_float(spec: Spec, a: np.ndarray, a_scale: Optional[np.ndarray]
     dt = spec.a.dtype
     a = np.asarray(a)
     if dt in ("float16", "bfloat16"):
-        return _float_or_bf16_bits(a)
+        return float_or_bf16_bits(a)
     vals = a.astype(np.float32) if dt == "int8" else nx.fp8_e4m3_to_f32(a)
     if a_scale is None:
         if spec.a.scale == "row":
@@ -670,6 +671,13 @@ def random_activation(spec: Spec, M: int, K: int,
     return codes, (scale if spec.a.scale == "row" else None)
 
 
+def random_bias(spec: Spec, N: int, rng: np.random.Generator) -> np.ndarray:
+    """Random bias[N] in the storage the kernels take for spec.out.dtype
+    (float16, float32, bfloat16 as uint16 bits), with values k/8 in [-2, 2]
+    that every output dtype holds exactly."""
+    return nx.to_storage(rng.integers(-16, 17, size=N).astype(np.float32) / 8, spec.out.dtype)
+
+
 # --- the matmul --------------------------------------------------------------------------
 
 
@@ -677,7 +685,7 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return np.vectorize(math.erf, otypes=[np.float64])(x)
 
 
-def _activation(name: str, x: np.ndarray) -> np.ndarray:
+def apply_activation(name: str, x: np.ndarray) -> np.ndarray:
     if name == "none":
         return x
     if name == "relu":
@@ -749,10 +757,10 @@ def reference_matmul_f32(spec: Spec, a: np.ndarray, tensors: dict,
     if spec.epilogue.bias:
         if bias is None:
             raise ValueError(f"spec {spec.name!r} has a bias: pass bias=")
-        acc = acc + _float_or_bf16_bits(bias).reshape(N).astype(np.float64)
+        acc = acc + float_or_bf16_bits(bias).reshape(N).astype(np.float64)
     elif bias is not None:
         raise ValueError(f"spec {spec.name!r} has no bias in its epilogue")
-    return _activation(spec.epilogue.activation, acc).astype(np.float32)
+    return apply_activation(spec.epilogue.activation, acc).astype(np.float32)
 
 
 def reference_matmul(spec: Spec, a: np.ndarray, tensors: dict,

@@ -222,9 +222,14 @@ def compile_many(jobs, workers: Optional[int] = None):
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as ex:
         futures = {ex.submit(_compile_job, *job): job for job in jobs}
-        for fut in as_completed(futures):
-            try:
-                why = fut.result()
-            except Exception as e:          # a crashed worker (BrokenProcessPool)
-                why = f"{type(e).__name__}: {e}"
-            yield futures[fut], why
+        try:
+            for fut in as_completed(futures):
+                try:
+                    why = fut.result()
+                except Exception as e:          # a crashed worker (BrokenProcessPool)
+                    why = f"{type(e).__name__}: {e}"
+                yield futures[fut], why
+        except GeneratorExit:               # the caller stopped early: drop the queued jobs
+            for fut in futures:             # (not ex.shutdown(cancel_futures=True): the with
+                fut.cancel()                # block's own shutdown would undo it)
+            raise

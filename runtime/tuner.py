@@ -8,7 +8,7 @@ For each M bucket (see buckets.py) the tuner
      CompileError (e.g. too many registers or too much shared memory) are
      dropped and counted,
   3. times the heuristic's pick first, then every other candidate, with CUDA
-     events (see _Timer.measure for how the numbers are kept honest),
+     events (see timing.Timer.measure for how the numbers are kept honest),
   4. verifies each new fastest config against the reference on a fresh
      random problem as it is found, so a wrong one is reported and the
      winner is the fastest correct config,
@@ -24,28 +24,21 @@ its top level with `if __name__ == "__main__":` (as with any multiprocessing).
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
-import statistics
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .buckets import LABELS, bucket_of, representative_M
+from .timing import BUDGET_MS, DROP_RATIO, Timer, Timing, n_copies
 from .tuning_db import TuningDB, format_table, make_key, make_record, speedup
 
-# Timing policy (see _Timer.measure).
-BUDGET_MS = 30.0          # measured device time per config
-MIN_SAMPLE_US = 20.0      # one sample spans >= this, far above the event resolution (~0.5 us)
-EARLY_SAMPLES = 3         # samples taken before deciding whether to drop a slow config
-MIN_SAMPLES, MAX_SAMPLES = 5, 100
-CHUNK_SAMPLES = 25        # samples enqueued behind one spin
-DROP_RATIO = 1.5          # drop a config this much slower than the best so far
+# Timing policy: see timing.py (BUDGET_MS: device time per config, DROP_RATIO:
+# drop a config this much slower than the best so far).
 N_RUNNER_UP = 3
 
 
@@ -66,15 +59,12 @@ def _device_info(arch: Optional[str]) -> Tuple[str, str, str]:
     return arch or current_arch(), device_name(), nvrtc_version()
 
 
-def _compile_one(spec, config, arch, N, K) -> Optional[str]:
-    """Runs in a worker process: None when the config compiled (the compiler
-    keeps the cubin in its disk cache for Kernel to load), else why not."""
-    from opgen.runtime.compiler import CompileError, compile_cubin
-    try:
-        compile_cubin(spec, config, arch, N, K)
-    except CompileError as e:
-        return f"CompileError: {e}"
-    return None
+def _compile_many(jobs, workers):
+    """compiler.compile_many: compiles (spec, config, arch) jobs into the cubin
+    cache (where Kernel loads them from), yielding (job, None | why not) as
+    each finishes; in 'spawn' worker processes when workers > 1."""
+    from opgen.runtime.compiler import compile_many
+    return compile_many(jobs, workers)
 
 
 def _make_bench(spec, arch, N, K, M, seed):
@@ -127,13 +117,6 @@ class TuneResults(dict):
         self.launch_failed: Dict[str, str] = {}           # config name -> why
         self.verify_failed: Dict[str, List[Tuple[str, str]]] = {}  # bucket -> [(name, why)]
         self.untuned: Dict[str, str] = {}                 # bucket -> why no record
-
-
-@dataclass
-class Timing:
-    median_us: float
-    samples: List[float]
-    dropped: bool = False          # stopped early: clearly slower than the best
 
 
 @dataclass
@@ -193,11 +176,9 @@ class _Progress:
 
 # --- compiling -------------------------------------------------------------------------
 
-def _compile_all(spec, configs: Sequence, arch, N, K, workers: int, prog: _Progress,
-                 fn=None) -> Dict[object, Optional[str]]:
-    """{config: None if it compiled, else why not}.  fn (default _compile_one)
-    must be a module-level function so that worker processes can import it."""
-    fn = fn or _compile_one
+def _compile_all(spec, configs: Sequence, arch, workers: int,
+                 prog: _Progress) -> Dict[object, Optional[str]]:
+    """{config: None if it compiled, else why not}, through _compile_many."""
     status: Dict[object, Optional[str]] = {}
 
     def done(cfg, why):
@@ -207,22 +188,18 @@ def _compile_all(spec, configs: Sequence, arch, N, K, workers: int, prog: _Progr
                   f"  failed {failed}", milestone=len(status) == len(configs))
 
     if workers <= 1 or len(configs) <= 1:
+        # In this process, one config at a time: an unexpected exception (a
+        # compiler bug) drops that config only.  (In worker processes every
+        # exception comes back as the why.)
         for cfg in configs:
             try:
-                done(cfg, fn(spec, cfg, arch, N, K))
+                for _, why in _compile_many([(spec, cfg, arch)], 1):
+                    done(cfg, why)
             except Exception as e:                 # a compiler bug: drop, but say so
                 done(cfg, f"{type(e).__name__}: {e}")
         return status
-    # 'spawn': the parent may hold a CUDA context, which must not be forked.
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(configs)), mp_context=ctx) as ex:
-        futures = {ex.submit(fn, spec, cfg, arch, N, K): cfg for cfg in configs}
-        for fut in as_completed(futures):
-            try:
-                why = fut.result()
-            except Exception as e:                 # incl. a crashed worker (BrokenProcessPool)
-                why = f"{type(e).__name__}: {e}"
-            done(futures[fut], why)
+    for (_, cfg, _), why in _compile_many([(spec, cfg, arch) for cfg in configs], workers):
+        done(cfg, why)
     return status
 
 
@@ -269,14 +246,15 @@ def tune(spec, N: int, K: int, Ms: Optional[Sequence[int]] = None, arch: Optiona
 
     plans = _plan(spec, arch, N, K, Ms)
     configs = list(dict.fromkeys(c for p in plans for c in [p.heuristic, *p.candidates]))
-    status = _compile_all(spec, configs, arch, N, K, workers or os.cpu_count() or 1, prog)
+    status = _compile_all(spec, configs, arch, workers or os.cpu_count() or 1, prog)
     results.compile_failed = {_name(c): why for c, why in status.items() if why is not None}
     compiled = {c for c, why in status.items() if why is None}
     prog.end()
     if results.compile_failed:
         prog.log(f"{len(results.compile_failed)} of {len(configs)} configs did not compile "
                  f"(e.g. {next(iter(results.compile_failed.items()))})")
-        odd = {n: w for n, w in results.compile_failed.items() if not w.startswith("CompileError")}
+        odd = {n: w for n, w in results.compile_failed.items()
+               if not w.startswith(("CompileError", "PlanError"))}
         if odd:
             warnings.warn(f"{len(odd)} config(s) failed to compile with an unexpected error, "
                           f"e.g. {next(iter(odd.items()))}")
@@ -357,14 +335,6 @@ def _tune_bucket(spec, arch, N, K, plan: _BucketPlan, compiled, results: TuneRes
 
 # --- the GPU side ----------------------------------------------------------------------
 
-_SPIN_SRC = r"""
-extern "C" __global__ void opgen_spin(long long cycles) {
-    long long t0 = clock64();
-    while (clock64() - t0 < cycles) { }
-}
-"""
-
-
 def _to_device(x):
     """numpy -> cupy.  Types cupy lacks (bfloat16, float8 as ml_dtypes) go over
     as their raw bits in an unsigned int of the same size."""
@@ -392,13 +362,6 @@ def _out_to_f32(spec, host: np.ndarray) -> np.ndarray:
     return host.astype(np.float32)
 
 
-def _random_bias(spec, N, rng):
-    """A bias in the out dtype's storage (bfloat16 as uint16 bits), with values
-    k/8 in [-2, 2] that every output dtype holds exactly."""
-    from opgen.codegen.numerics import to_storage
-    return to_storage(rng.integers(-16, 17, size=N).astype(np.float32) / 8, spec.out.dtype)
-
-
 @dataclass
 class _Problem:
     """One set of kernel inputs (host numpy or device cupy arrays)."""
@@ -409,10 +372,10 @@ class _Problem:
 
     @classmethod
     def random(cls, spec, M, N, K, rng) -> "_Problem":
-        from opgen.codegen.reference import random_activation, random_weight_tensors
+        from opgen.codegen.reference import random_activation, random_bias, random_weight_tensors
         tensors = random_weight_tensors(spec, N, K, rng)
         a, a_scale = random_activation(spec, M, K, rng)
-        bias = _random_bias(spec, N, rng) if spec.epilogue.bias else None
+        bias = random_bias(spec, N, rng) if spec.epilogue.bias else None
         return cls(a, a_scale, dict(tensors), bias)
 
     def to_device(self) -> "_Problem":
@@ -432,101 +395,6 @@ class _Problem:
                         cp(self.bias))
 
 
-def _n_copies(per_copy: int, l2: int, cap: int) -> int:
-    """How many input/output sets to rotate through.  Launch i uses set
-    i % n, so a set was last touched n - 1 launches ago; with all sets
-    together over twice the L2 it has been evicted by then, as in a real model
-    where the weights of the other layers pass through L2 in between.  A set
-    larger than the L2 evicts itself, but two sets still avoid re-reading the
-    tail of the previous launch.  Memory use stays under `cap`."""
-    want = max(2, math.ceil(2 * l2 / max(per_copy, 1)))
-    return max(1, min(want, cap // max(per_copy, 1), 4096))
-
-
-class _Timer:
-    """CUDA-event timing of a launch function on one stream (see measure)."""
-
-    def __init__(self, stream=None):
-        import cupy as cp
-        self.cp = cp
-        self.stream = stream or cp.cuda.Stream(non_blocking=True)
-        self._spin = cp.RawKernel(_SPIN_SRC, "opgen_spin")
-        dev = cp.cuda.Device()
-        khz = dev.attributes.get("ClockRate", 0) or \
-            cp.cuda.runtime.getDeviceProperties(dev.id).get("clockRate", 0)
-        self.clock_khz = int(khz) or 2_000_000
-
-    def measure(self, launch, best_us=None, *, budget_us=BUDGET_MS * 1e3, repeats=None,
-                drop_ratio=DROP_RATIO) -> Timing:
-        """Median device time of one launch(i), in microseconds; launch(i)
-        enqueues one launch on self.stream (i counts up, to rotate buffers).
-
-        * Warm-up launches first: the first one loads the module.
-        * Python enqueues a launch in several microseconds, often slower than
-          a decode kernel runs; timed naively the GPU would wait on the CPU and
-          we would measure Python.  So each group of samples is enqueued behind
-          a spin kernel that keeps the GPU busy until the CPU is far enough
-          ahead; the launches then run back to back, as in a CUDA graph.
-        * One sample = the CUDA-event time of L consecutive launches / L, with
-          L chosen so a sample spans >= MIN_SAMPLE_US, well above the event
-          resolution; the median of the samples resists interruptions.
-        * The number of samples fits a time budget; after EARLY_SAMPLES a
-          config slower than drop_ratio * best_us is abandoned (dropped=True).
-        """
-        with self.stream:
-            return self._measure(launch, best_us, budget_us, repeats, drop_ratio)
-
-    def _measure(self, launch, best_us, budget_us, repeats, drop_ratio) -> Timing:
-        s = self.stream
-        i = 0
-        for _ in range(3):
-            launch(i)
-            i += 1
-        s.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(5):
-            launch(i)
-            i += 1
-        host_us = (time.perf_counter() - t0) / 5 * 1e6
-        s.synchronize()
-        gpu_us = self._samples(launch, i, 1, 5, host_us, 0.0)[0]
-        i += 5
-
-        L = max(1, math.ceil(MIN_SAMPLE_US / max(gpu_us, 1e-3)))
-        if repeats:
-            R = int(repeats)
-        else:
-            R = int(budget_us / (L * max(gpu_us, host_us, 1e-3)))
-            R = min(max(R, MIN_SAMPLES), MAX_SAMPLES)
-        samples = self._samples(launch, i, min(R, EARLY_SAMPLES), L, host_us, gpu_us)
-        i += len(samples) * L
-        if best_us is not None and statistics.median(samples) > drop_ratio * best_us:
-            return Timing(statistics.median(samples), samples, dropped=True)
-        while len(samples) < R:
-            k = min(CHUNK_SAMPLES, R - len(samples))
-            samples += self._samples(launch, i, k, L, host_us, gpu_us)
-            i += k * L
-        return Timing(statistics.median(samples), samples)
-
-    def _samples(self, launch, start, count, L, host_us, gpu_us) -> List[float]:
-        cp, s = self.cp, self.stream
-        # The GPU finishes launch j at spin + j * gpu_us and the CPU enqueues it
-        # at j * host_us: the spin must cover the difference (plus margin).
-        lag_us = count * L * max(0.0, host_us - gpu_us) + count * 10.0 + host_us
-        spin_us = 1.5 * lag_us + 20.0
-        self._spin((1,), (1,), (np.int64(spin_us * self.clock_khz / 1e3),))
-        events = [cp.cuda.Event() for _ in range(count + 1)]
-        events[0].record(s)
-        j = start
-        for k in range(count):
-            for _ in range(L):
-                launch(j)
-                j += 1
-            events[k + 1].record(s)
-        events[-1].synchronize()
-        return [cp.cuda.get_elapsed_time(events[k], events[k + 1]) * 1e3 / L for k in range(count)]
-
-
 class _Bench:
     """Rotating buffers, timing and verification for one (spec, N, K, M) on the GPU."""
 
@@ -540,10 +408,10 @@ class _Bench:
 
         base = _Problem.random(spec, M, N, K, np.random.default_rng(seed)).to_device()
         out_bytes = M * N * np.dtype(_out_dtype(spec)).itemsize
-        n = _n_copies(base.nbytes() + out_bytes, l2 or (60 << 20), min(mem_cap, free // 4))
+        n = n_copies(base.nbytes() + out_bytes, l2 or (60 << 20), min(mem_cap, free // 4))
         self.sets = [base] + [base.clone() for _ in range(n - 1)]
         self.outs = [cp.empty((M, N), dtype=_out_dtype(spec)) for _ in range(n)]
-        self.timer = _Timer()
+        self.timer = Timer()
         self.stream = self.timer.stream
         self._kernels: dict = {}
         self._check = None          # (device problem, row indices, reference rows), made lazily

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         "plan": {"specs": [s.name for s in specs], "shapes": [list(s) for s in plan.shapes],
                  "Ms": list(plan.Ms), "peers": list(plan.peers)},
         "timing": {"budget_ms": args.budget_ms, "method": "CUDA events, launches queued behind a "
-                   "spin kernel (runtime.tuner._Timer), median of samples, rotating input copies "
+                   "spin kernel (runtime.timing.Timer), median of samples, rotating input copies "
                    "(> 2x L2 in total)", "l2_bytes": g.l2},
         "peers": list(plan.peers),
     }

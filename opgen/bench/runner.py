@@ -20,7 +20,7 @@ def _short(e: BaseException, n: int = 300) -> str:
 
 
 class _Gpu:
-    """torch + cupy on the current device, one _Timer for every measurement."""
+    """torch + cupy on the current device, one timing.Timer for every measurement."""
 
     def __init__(self, budget_ms: float, mem_cap: int, seed: int = 0):
         from opgen.codegen.errors import UserError
@@ -31,11 +31,11 @@ class _Gpu:
         if not torch.cuda.is_available():
             raise UserError("opgen bench needs a CUDA GPU (torch.cuda.is_available() is False)")
         import cupy as cp
-        from opgen.runtime import tuner
-        self.torch, self.cp, self.tuner = torch, cp, tuner
+        from opgen.runtime.timing import Timer
+        self.torch, self.cp = torch, cp
         self.dev = torch.device("cuda", cp.cuda.runtime.getDevice())
         torch.cuda.set_device(self.dev)
-        self.timer = tuner._Timer()
+        self.timer = Timer()
         self.tstream = torch.cuda.ExternalStream(self.timer.stream.ptr, device=self.dev)
         props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
         self.l2 = int(props.get("l2CacheSize", 0)) or (60 << 20)
@@ -79,8 +79,9 @@ class _Gpu:
         return t
 
     def n_copies(self, per_copy: int) -> int:
+        from opgen.runtime.timing import n_copies
         free, _ = self.cp.cuda.runtime.memGetInfo()
-        return self.tuner._n_copies(per_copy, self.l2, min(self.mem_cap, free // 4))
+        return n_copies(per_copy, self.l2, min(self.mem_cap, free // 4))
 
     def free(self) -> None:
         self.torch.cuda.synchronize(self.dev)
@@ -89,9 +90,10 @@ class _Gpu:
 
     # -- compile ahead, in parallel
     def _compile_jobs(self, specs, shapes, Ms, db, use_db: bool) -> list:
-        """(spec, config, arch, N, K) of every kernel opgen.load will pick: the
-        DB record of the bucket, else the planner's heuristic, as MatmulOp
-        chooses.  A miss only means that kernel compiles later, serially."""
+        """(spec, config, arch) of every kernel opgen.load will pick: the DB
+        record of the bucket, else the planner's heuristic, as MatmulOp
+        chooses (config None: the quantize kernel).  A miss only means that
+        kernel compiles later, serially."""
         from opgen.codegen import planner
         from opgen.runtime.buckets import bucket_of, representative_M
         from opgen.runtime.device import current_arch
@@ -120,50 +122,58 @@ class _Gpu:
                             cfg = planner.heuristic(spec, arch, representative_M(label), N, K)
                         except Exception:
                             continue
-                    jobs.setdefault((spec, cfg), (N, K))
+                    jobs[spec, cfg] = None
             if spec.a.scale == "row":      # the quantize kernel of opgen's fused linear
                 q = quantize_spec_for(spec)
                 if q is not None:
-                    jobs.setdefault((q, None), (0, 0))
-        return [(spec, cfg, arch, N, K) for (spec, cfg), (N, K) in jobs.items()]
+                    jobs[q, None] = None
+        return [(spec, cfg, arch) for spec, cfg in jobs]
 
     def start_precompile(self, specs, shapes, Ms, db, use_db: bool, workers: Optional[int]):
-        """Start compiling in worker processes (NVRTC is single-threaded CPU
-        work) and return at once: the caller times the machine and the peers
-        meanwhile, then calls wait_precompile.  One core is left to the timing
-        loop.  Returns a handle (None when nothing is left to wait for)."""
-        from concurrent.futures import ProcessPoolExecutor
-        import multiprocessing
+        """Start compiling with compiler.compile_many (worker processes: NVRTC
+        is single-threaded CPU work), driven from a background thread, and
+        return at once: the caller times the machine and the peers meanwhile,
+        then calls wait_precompile.  One core is left to the timing loop.
+        Returns a handle (None when nothing is left to wait for)."""
+        import threading
+        from opgen.runtime.compiler import compile_many
         jobs = self._compile_jobs(specs, shapes, Ms, db, use_db)
         if not jobs:
             return None
-        fn = self.tuner._compile_one
         n_cpu = os.cpu_count() or 1
         workers = max(1, min(workers or max(1, n_cpu - 1), len(jobs)))
         self.log(f"compiling {len(jobs)} kernels ({workers} processes)")
         if workers == 1:
-            failed = sum(fn(*job) is not None for job in jobs)
+            failed = sum(why is not None for _, why in compile_many(jobs, 1))
             self.log(f"compiled ({failed} failed; those rows will say why)")
             return None
-        ex = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
-        return ex, [ex.submit(fn, *job) for job in jobs], time.time()
+        state = {"done": 0, "failed": 0}
+        stop = threading.Event()
+
+        def drain():
+            try:
+                for _, why in compile_many(jobs, workers):
+                    state["done"] += 1
+                    state["failed"] += why is not None
+                    if stop.is_set():  # cancelled: closing compile_many ends its pool
+                        break
+            except Exception:          # the pool itself failed: the rest counts as failed
+                pass
+
+        thread = threading.Thread(target=drain, name="opgen-precompile", daemon=True)
+        thread.start()
+        return thread, stop, state, len(jobs), time.time()
 
     def wait_precompile(self, handle, cancel: bool = False) -> None:
         if handle is None:
             return
-        from concurrent.futures import as_completed
-        ex, futs, t0 = handle
+        thread, stop, state, n, t0 = handle
         if cancel:
-            ex.shutdown(wait=False, cancel_futures=True)
+            stop.set()
             return
-        failed = 0
-        for f in as_completed(futs):
-            try:
-                failed += f.result() is not None
-            except Exception:
-                failed += 1
-        ex.shutdown()
-        self.log(f"compiled {len(futs)} kernels in {time.time() - t0:.1f} s "
+        thread.join()
+        failed = state["failed"] + n - state["done"]
+        self.log(f"compiled {n} kernels in {time.time() - t0:.1f} s "
                  f"({failed} failed; those rows will say why)")
 
     # -- the machine
@@ -390,7 +400,7 @@ class _Gpu:
         linear from fp16 activations (quantize + GEMM: opgen_linear_us)."""
         import numpy as np
         import opgen
-        from opgen.codegen.reference import random_weight_tensors
+        from opgen.codegen.reference import random_bias, random_weight_tensors
         from opgen.runtime.buckets import bucket_of
         torch = self.torch
         rows = {M: {"spec": spec.name, "N": N, "K": K, "M": M, "opgen_us": None} for M in Ms}
@@ -403,7 +413,7 @@ class _Gpu:
             w0 = {k: self._tile(self._to_torch(v), want[k]) for k, v in host_w.items()}
             bias = host_bias = None
             if spec.epilogue.bias:
-                host_bias = self.tuner._random_bias(spec, N0, rng)
+                host_bias = random_bias(spec, N0, rng)
                 bias = self._tile(self._to_torch(host_bias), (N,))
         except Exception as e:
             for r in rows.values():

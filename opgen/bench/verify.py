@@ -68,13 +68,9 @@ def check_rows(spec, a_rows, s_rows, w_ref, host_bias, got, N, K, N0, K0) -> dic
     ref = (K // K0) * (act.astype(np.float64) @ w_ref.T)
     ref = np.tile(ref, (1, N // N0))
     if spec.epilogue.bias:
-        b = reference._float_or_bf16_bits(host_bias).astype(np.float64)
+        b = reference.float_or_bf16_bits(host_bias).astype(np.float64)
         ref = ref + b[np.arange(N) % N0][None, :]
-    if spec.epilogue.activation != "none":
-        fn = getattr(reference, "_activation", None)
-        if fn is None:
-            return {"verified": None, "verify_msg": "activation epilogue not checked"}
-        ref = fn(spec.epilogue.activation, ref)
+    ref = reference.apply_activation(spec.epilogue.activation, ref)
     got = np.asarray(got, dtype=np.float64)
     tol = 2 * tolerance(spec)
     if not np.isfinite(got).all():

@@ -371,14 +371,13 @@ class _FakeTimer:
     stream = contextlib.nullcontext()        # the cupy stream (a context manager)
 
     def measure(self, launch, budget_us=None, **kw):
-        from opgen.runtime.tuner import Timing
+        from opgen.runtime.timing import Timing
         for i in range(3):
             launch(i)
         return Timing(7.5, [7.5, 7.5, 7.5])
 
 
 def _fake_gpu(monkeypatch, torch):
-    from opgen.runtime import tuner
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     pool = types.SimpleNamespace(free_all_blocks=lambda: None)
@@ -386,7 +385,7 @@ def _fake_gpu(monkeypatch, torch):
         cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(memGetInfo=lambda: (8 << 30, 16 << 30))),
         get_default_memory_pool=lambda: pool)
     g = object.__new__(bench._Gpu)
-    g.torch, g.cp, g.tuner = torch, cp, tuner
+    g.torch, g.cp = torch, cp
     g.dev = torch.device("cpu")
     g.timer, g.tstream = _FakeTimer(), None
     g.l2, g.budget_us, g.mem_cap, g.seed, g.t0 = 1 << 20, 1000.0, 1 << 28, 0, time.time()
@@ -535,20 +534,66 @@ def test_precompile_fills_the_cubin_cache(monkeypatch, tmp_path):
     """The background compile (spawned workers) leaves every kernel the op will
     pick in the cubin cache.  NVRTC needs no GPU; only the arch is faked."""
     pytest.importorskip("cupy")
-    from opgen.runtime import device, tuner
+    from opgen.runtime import device
     from opgen.runtime.compiler import cache_dir
     monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(device, "current_arch", lambda: "sm_90")
     g = object.__new__(bench._Gpu)
-    g.tuner, g.t0 = tuner, time.time()
+    g.t0 = time.time()
     specs = [spec("w4a16_sym_g128"), spec("w8a8_int8")]
     jobs = g._compile_jobs(specs, [(256, 512)], [1, 2, 64], None, False)
     assert len(jobs) == len({(j[0], j[1]) for j in jobs}) >= 3
     # w8a8: the quantize kernel of the fused linear as well
     assert [j[0].name for j in jobs if j[1] is None] == ["quantize_int8_float16"]
+    assert all(len(j) == 3 and j[2] == "sm_90" for j in jobs)     # compile_many's jobs
     handle = g.start_precompile(specs, [(256, 512)], [1, 2, 64], None, False, workers=2)
     g.wait_precompile(handle)
     assert len(list(cache_dir().glob("*.cubin"))) == len(jobs)
+
+
+def test_precompile_background_wait_and_cancel(monkeypatch):
+    """start_precompile drives compiler.compile_many from a thread and returns
+    at once; wait_precompile counts the failures (jobs never reported too);
+    cancel returns at once and the thread closes compile_many after the
+    job in flight."""
+    import threading
+    from opgen.runtime import compiler
+    g = object.__new__(bench._Gpu)
+    logs = []
+    g.log = logs.append
+    jobs = [("spec", i, "sm_90") for i in range(6)]
+    g._compile_jobs = lambda *a: jobs
+    release, closed = threading.Event(), []
+
+    def many(js, workers, fail_after=None):
+        assert js == jobs and workers == 3
+        try:
+            for k, j in enumerate(js):
+                assert release.wait(10)
+                if k == fail_after:
+                    raise RuntimeError("pool broke")
+                yield j, ("CompileError: x" if j[1] == 2 else None)
+        finally:
+            closed.append(True)
+
+    monkeypatch.setattr(compiler, "compile_many", many)
+    release.set()
+    g.wait_precompile(g.start_precompile([], [], [], None, False, workers=3))
+    assert "compiled 6 kernels" in logs[-1] and "(1 failed;" in logs[-1]
+
+    monkeypatch.setattr(compiler, "compile_many", lambda js, w: many(js, w, fail_after=4))
+    g.wait_precompile(g.start_precompile([], [], [], None, False, workers=3))
+    assert "(3 failed;" in logs[-1]                  # job 2, and the two never reported
+
+    monkeypatch.setattr(compiler, "compile_many", many)
+    release.clear()
+    closed.clear()
+    handle = g.start_precompile([], [], [], None, False, workers=3)
+    g.wait_precompile(handle, cancel=True)          # returns while the first job runs
+    release.set()
+    thread, _, state = handle[:3]
+    thread.join(10)
+    assert not thread.is_alive() and closed == [True] and state["done"] == 1
 
 
 # --- run() with a fake GPU ----------------------------------------------------------

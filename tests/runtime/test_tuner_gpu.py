@@ -80,13 +80,19 @@ class FakeBench:
         self.closed = True
 
 
-def fake_compile(spec, cfg, arch, N, K):
-    """Module level so that spawned compile workers can import it."""
+def fake_compile(spec, cfg, arch):
     if cfg.name == "nocompile":
         return "CompileError: uses too much shared memory"
     if cfg.name == "boom":
         raise ValueError("template bug")
     return None
+
+
+def fake_compile_many(jobs, workers):
+    """Stands in for compiler.compile_many, in this process: (job, why) per job;
+    like the real one run in-process, an unexpected error propagates."""
+    for job in jobs:
+        yield job, fake_compile(*job)
 
 
 @pytest.fixture
@@ -96,7 +102,7 @@ def fakes(monkeypatch):
     monkeypatch.setattr(tuner, "_candidates",
                         lambda spec, arch, M, N, K: [C[n] for n in CANDIDATES[M]])
     monkeypatch.setattr(tuner, "_heuristic", lambda spec, arch, M, N, K: C[HEURISTIC[M]])
-    monkeypatch.setattr(tuner, "_compile_one", fake_compile)
+    monkeypatch.setattr(tuner, "_compile_many", fake_compile_many)
     monkeypatch.setattr(tuner, "_make_bench", FakeBench)
     return FakeBench
 
@@ -158,13 +164,57 @@ def test_default_Ms_cover_every_bucket(fakes, tmp_path, monkeypatch):
     assert len(res) == 11
 
 
-def test_compile_in_spawned_workers():
+def test_compile_all_sequential_drops_a_crashing_config(monkeypatch):
+    """workers=1: one config at a time, so an unexpected exception (a compiler
+    bug) drops that config only, not the ones after it."""
+    calls = []
+
+    def many(jobs, workers):
+        calls.append(([j[1].name for j in jobs], workers))
+        return fake_compile_many(jobs, workers)
+    monkeypatch.setattr(tuner, "_compile_many", many)
     configs = [C[n] for n in ("a", "nocompile", "boom", "c")]
-    prog = tuner._Progress(False)
-    status = tuner._compile_all(SPEC, configs, "sm_90", 64, 64, 2, prog, fn=fake_compile)
+    status = tuner._compile_all(SPEC, configs, "sm_90", 1, tuner._Progress(False))
+    assert calls == [(["a"], 1), (["nocompile"], 1), (["boom"], 1), (["c"], 1)]
     assert status[C["a"]] is None and status[C["c"]] is None
     assert status[C["nocompile"]].startswith("CompileError")
     assert status[C["boom"]].startswith("ValueError: template bug")
+
+
+def test_compile_all_parallel_goes_through_compile_many(monkeypatch):
+    """workers > 1: every config in one compile_many call; results are taken
+    in completion order (here reversed) and the progress line counts them."""
+    calls = []
+
+    def many(jobs, workers):
+        calls.append((list(jobs), workers))
+        for job in reversed(jobs):
+            yield job, ("CompileError: too big" if job[1].name == "nocompile" else None)
+    monkeypatch.setattr(tuner, "_compile_many", many)
+    pipe = io.StringIO()
+    configs = [C[n] for n in ("a", "nocompile", "c")]
+    status = tuner._compile_all(SPEC, configs, "sm_90", 4, tuner._Progress(True, pipe))
+    assert calls == [([(SPEC, c, "sm_90") for c in configs], 4)]
+    assert status == {C["c"]: None, C["nocompile"]: "CompileError: too big", C["a"]: None}
+    assert pipe.getvalue() == "compile [####################] 3/3  failed 1\n"
+
+
+def test_compile_in_spawned_workers(monkeypatch, tmp_path):
+    """The real compile_many in spawned workers (NVRTC needs no GPU): configs
+    that compile land in the cubin cache, one the planner rejects is dropped
+    with the reason."""
+    pytest.importorskip("cupy")
+    from opgen.codegen.planner import Config, heuristic
+    from opgen.codegen.validate import load_spec, resolve_spec
+    from opgen.runtime.compiler import cache_dir
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
+    spec = load_spec(resolve_spec("w4a16_sym_g128"))
+    good = list(dict.fromkeys(heuristic(spec, "sm_90", M, 512, 512) for M in (1, 64)))
+    bad = Config("gemm", BM=16, BN=128, BK=64, WM=16, WN=24)     # warp tile does not divide
+    status = tuner._compile_all(spec, [*good, bad], "sm_90", 2, tuner._Progress(False))
+    assert all(status[c] is None for c in good), status
+    assert status[bad].startswith("PlanError")
+    assert len(list(cache_dir().glob("*.cubin"))) == len(good)
 
 
 def test_progress_line():
@@ -192,79 +242,7 @@ def test_tolerance():
     assert tolerance(f32) < tolerance(SPEC) < tolerance(bf16)
 
 
-def test_n_copies():
-    l2 = 60 << 20
-    assert tuner._n_copies(1 << 20, l2, 2 << 30) == 120          # 2x L2 in 1 MiB sets
-    assert tuner._n_copies(500 << 20, l2, 2 << 30) == 2          # bigger than L2: two
-    assert tuner._n_copies(1 << 20, l2, 16 << 20) == 16          # memory cap wins
-    assert tuner._n_copies(4 << 30, l2, 2 << 30) == 1
-
-
-class _NullStream:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
-
-    def synchronize(self):
-        pass
-
-
-def _fake_timer(us):
-    t = object.__new__(tuner._Timer)
-    t.stream = _NullStream()
-    t.calls = []
-
-    def samples(launch, start, count, L, host_us, gpu_us):
-        t.calls.append((start, count, L))
-        for j in range(start, start + count * L):
-            launch(j)
-        return [us] * count
-    t._samples = samples
-    return t
-
-
-def test_measure_adaptive_and_early_drop():
-    launches = []
-    t = _fake_timer(4.0)
-    r = t.measure(launches.append, None, budget_us=30_000)
-    assert not r.dropped and r.median_us == 4.0
-    assert len(r.samples) == tuner.MAX_SAMPLES                # 4 us, L=5: budget allows > max
-    assert launches == list(range(len(launches)))             # i counts up: buffers rotate
-    assert t.calls[1][2] == 5                                 # L * 4 us >= MIN_SAMPLE_US
-
-    t = _fake_timer(10.0)
-    r = t.measure(lambda i: None, best_us=5.0, budget_us=30_000)
-    assert r.dropped and len(r.samples) == tuner.EARLY_SAMPLES
-
-    t = _fake_timer(10.0)
-    r = t.measure(lambda i: None, best_us=8.0, repeats=7)
-    assert not r.dropped and len(r.samples) == 7
-
-
 # --- on the GPU --------------------------------------------------------------------------
-
-@pytest.mark.gpu
-@needs_gpu
-def test_timer_on_gpu():
-    """The timer measures the kernel, not Python's launch overhead, and a
-    memory-bound kernel's time matches its bytes."""
-    import cupy as cp
-    timer = tuner._Timer()
-    tiny = cp.RawKernel(r'extern "C" __global__ void t(float* x) { x[threadIdx.x] += 1.0f; }', "t")
-    x = cp.zeros(32, dtype=cp.float32)
-    r = timer.measure(lambda i: tiny((1,), (32,), (x,)), budget_us=20_000)
-    print("tiny kernel:", r.median_us, "us")
-    assert 0.3 < r.median_us < 6.0
-
-    n = 64 << 20                                   # 256 MiB per float32 buffer
-    src, dst = cp.ones(n, cp.float32), cp.empty(n, cp.float32)
-    r = timer.measure(lambda i: cp.copyto(dst, src), budget_us=20_000)
-    gbps = 2 * n * 4 / (r.median_us * 1e-6) / 1e9
-    print("copy:", r.median_us, "us,", gbps, "GB/s")
-    assert 100 < gbps < 10_000
-
 
 @pytest.mark.gpu
 @needs_gpu
