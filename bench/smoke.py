@@ -1,6 +1,21 @@
-import sys, time, traceback, json, os
+"""Quick first look on a GPU (run from the repo root: python3 bench/smoke.py).
+
+1. Correctness: every shipped matmul spec at N=1024, K=2048, M in 1, 5, 16,
+   77, 256, two configs each, through the GPU test's run_check -> $OUT/smoke.txt.
+2. A spread of configs for W4A16 at N=K=8192, each launch timed between its
+   own pair of CUDA events -> $OUT/smoke_perf.json. Caveat: with no work queued
+   ahead, such timings include the Python launch gap; `opgen tune` and
+   `opgen bench` time behind a spin kernel instead (runtime/timing.py).
+
+Produced bench/results/h200/smoke_correctness.txt and first_perf_w4a16.json.
+"""
+import json
+import os
+import sys
+
 import numpy as np
-sys.path.insert(0, "tests/runtime")
+
+sys.path.insert(0, "tests/runtime")   # reuse the GPU test's checker
 from opgen.codegen import planner
 from opgen.codegen.validate import load_spec, shipped_specs
 from opgen.runtime.device import current_arch, device_name
