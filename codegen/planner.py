@@ -79,14 +79,18 @@ def check_shape(spec: Spec, N: int, K: int) -> None:
 
 
 def _vector_bytes(lay: Layout, rowb: int, group: int, k_extent_max: int) -> Optional[int]:
+    """The widest weight vector that fits the tile row and one scale group,
+    preferring those spanning at most 8 columns n (each needs its own scale and
+    zero in registers)."""
+    fits = []
     for vb in (16, 8, 4):
         if rowb % vb or vb % lay.elem_bytes:
             continue
         v = vector(lay, vb)
-        if v.k_extent > k_extent_max or (group and group % v.k_extent) or v.n_extent > 8:
+        if v.k_extent > k_extent_max or (group and group % v.k_extent):
             continue
-        return vb
-    return None
+        fits.append((v.n_extent > 8, vb))
+    return min(fits, key=lambda f: (f[0], -f[1]))[1] if fits else None
 
 
 def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
@@ -135,10 +139,10 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
         group = num.group
         vb = _vector_bytes(lay, rowb, group, BK)
         if vb is None:
-            raise PlanError("no weight vector fits the tile and the scale group")
+            raise PlanError(f"no 4/8/16-byte weight vector lies inside one scale group of {group} "
+                            f"and one {BN}x{BK} tile" if group else
+                            f"no 4/8/16-byte weight vector fits one {BN}x{BK} tile")
         vec = vector(lay, vb)
-        if group and BK % group and group % BK:
-            raise PlanError(f"BK={BK} and group={group}: one must divide the other")
         bs_rows, bs_rowb = (BN, BK * 2) if kmajor else (BK, BN * 2)
         if bs_rowb % 128:
             raise PlanError("decoded tile rows must be a multiple of 128 bytes")
@@ -199,7 +203,7 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     if num.group and num.group % vec.k_extent:
         raise PlanError("weight vector crosses a scale group")
     scheme = "row" if lay.row_axis == "n" else "col"
-    if scheme == "col" and (cfg.mmax * vec.ncols > 64 or vec.n_extent > 8):
+    if scheme == "col" and cfg.mmax * vec.ncols > 64:
         raise PlanError("too many accumulators per thread (mmax x vector width)")
     return dict(threads=cfg.warps * 32, scheme=scheme, vec=vec, dec=decode_plan(lay, num),
                 smem=0)
@@ -268,7 +272,9 @@ def candidates(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) ->
         if shape_ok(g, cfg, N, K):
             out.append(cfg)
     if not out:
-        reason = f": {max(why, key=why.get)}" if why else ""
+        # The reasons the most configs were refused for, most common first.
+        top = sorted(why, key=why.get, reverse=True)[:3]
+        reason = (": " + "; ".join(top)) if top else ""
         raise PlanError(f"no kernel configuration fits {spec.name} on {arch} at N={N}, K={K}{reason}")
     return out
 

@@ -34,16 +34,17 @@ def kernel_name(spec: Spec, cfg: planner.Config) -> str:
 
 
 def _zero_context(num) -> dict:
+    """Packed integer zero points: code bits, mask, and the bit field that
+    holds element j of a word (the inverse of the pack order)."""
     if num.zero_kind != "int":
-        return dict(zero_bits=0, zero_inv_packed=0, zero_mask=0)
+        return dict(zero_bits=0, zero_inv=[], zero_mask=0, zero_inv_identity=True, zero_inv_packed=0)
     bits = WEIGHT_CODES[num.zero_dtype].bits
     inv = [0] * num.zero_P
     for field, elem in enumerate(num.zero_order):
         inv[elem] = field
-    if num.zero_P > 10:
-        raise planner.PlanError("packed zero points hold at most 10 codes per word")
-    return dict(zero_bits=bits, zero_mask=(1 << bits) - 1,
-                zero_inv_packed=sum(f << (6 * j) for j, f in enumerate(inv)))
+    return dict(zero_bits=bits, zero_mask=(1 << bits) - 1, zero_inv=inv,
+                zero_inv_identity=inv == list(range(num.zero_P)),
+                zero_inv_packed=sum(f << (6 * j) for j, f in enumerate(inv)) if len(inv) <= 10 else 0)
 
 
 def render(spec: Spec, cfg: planner.Config, arch: str) -> tuple[str, dict]:

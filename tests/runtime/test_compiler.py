@@ -5,11 +5,13 @@ reports no spills or local memory for the default configs."""
 import re
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from opgen.codegen import planner
 from opgen.codegen.build import build_spec
 from opgen.codegen.validate import load_spec, shipped_specs
 from opgen.runtime import compiler
+from strategies import runnable_shape, valid_spec_dicts
 
 SPECS = sorted(shipped_specs())
 ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90"]
@@ -71,3 +73,21 @@ def test_cache_key_and_atomic_cache(tmp_path, monkeypatch):
     c = compiler.compile_kernel(s, cfg, "sm_80")        # arch is part of the key
     assert len(list((tmp_path / "cubin").glob("*.cubin"))) == 2
     assert c.cubin != a.cubin
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(d=valid_spec_dicts(), M=st.sampled_from([1, 16, 200]))
+def test_generated_specs_compile(d, M):
+    """Any valid matmul spec the planner accepts compiles through NVRTC for sm_90."""
+    from opgen.codegen.validate import spec_from_dict
+    s = spec_from_dict(d)
+    if s.op != "matmul" or runnable_shape(s) is None:
+        return
+    N, K = runnable_shape(s)
+    try:
+        cfg = planner.heuristic(s, "sm_90", M, N, K)
+    except planner.PlanError as e:
+        assert "no kernel configuration fits" in str(e)   # refused with the reason
+        return
+    c = compiler.compile_kernel(s, cfg, "sm_90")
+    assert c.resources["spill_bytes"] == 0 or cfg.family == "gemm", c.resources

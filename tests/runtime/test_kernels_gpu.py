@@ -17,8 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from opgen.codegen import planner
-from opgen.codegen.reference import random_activation, random_weight_tensors, reference_matmul_f32
+from opgen.codegen.reference import (random_activation, random_bias, random_weight_tensors,
+                                     reference_matmul_f32)
 from opgen.codegen.validate import load_spec, shipped_specs
+from strategies import runnable_shape, valid_spec_dicts
 
 pytestmark = pytest.mark.gpu
 
@@ -37,27 +39,30 @@ def weights(spec, N, K):
     return random_weight_tensors(spec, N, K, np.random.default_rng(N * 7 + K))
 
 
-def run_check(spec, cfg, M, N, K, seed, record=None, bias=False):
+# NaN bit patterns the output is filled with before each launch.
+POISON = {"float16": (np.uint16, 0x7E00), "bfloat16": (np.uint16, 0x7FC0),
+          "float32": (np.uint32, 0x7FC00000)}
+
+
+def run_check(spec, cfg, M, N, K, seed, record=None):
     import cupy as cp
     from opgen.runtime.kernel import Kernel
 
     rng = np.random.default_rng(seed)
     tensors = weights(spec, N, K)
     a, a_scale = random_activation(spec, M, K, rng)   # fresh every check
-    b = None
-    ref = reference_matmul_f32(spec, a, tensors, a_scale=a_scale)
+    bias = random_bias(spec, N, rng) if spec.epilogue.bias else None
+    ref = reference_matmul_f32(spec, a, tensors, a_scale=a_scale, bias=bias)
     kern = Kernel(spec, cfg)
-    out_np_dtype = {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float32}[spec.out.dtype]
-    out = cp.full((M, N), 0x7E00 if out_np_dtype is not np.float32 else np.nan,
-                  dtype=out_np_dtype if out_np_dtype is not np.float16 else np.uint16)
-    if out_np_dtype is np.float16:
-        out = out.view(np.float16)
+    bits_t, nan = POISON[spec.out.dtype]
+    out = cp.full((M, N), nan, dtype=bits_t)
     dev = {k: cp.asarray(v) for k, v in tensors.items()}
-    kern(cp.asarray(a), dev, out, a_scale=cp.asarray(a_scale) if a_scale is not None else None)
+    kern(cp.asarray(a), dev, out, a_scale=None if a_scale is None else cp.asarray(a_scale),
+         bias=None if bias is None else cp.asarray(bias))
     cp.cuda.get_current_stream().synchronize()
     got = out.get()
-    if spec.out.dtype == "bfloat16":
-        got = (got.astype(np.uint32) << 16).view(np.float32)
+    got = {"float16": lambda g: g.view(np.float16), "float32": lambda g: g.view(np.float32),
+           "bfloat16": lambda g: (g.astype(np.uint32) << 16).view(np.float32)}[spec.out.dtype](got)
     got = got.astype(np.float64)
     err = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
     finite = bool(np.isfinite(got).all())
@@ -150,3 +155,24 @@ def test_fp8_activation_fallback(M, monkeypatch, record):
     cfg = planner.heuristic(spec, arch, M, 4096, 4096)
     assert planner.geometry(spec, cfg, arch)["a_decode"]
     run_check(spec, cfg, M, 4096, 4096, seed=M, record=record)
+
+
+@settings(max_examples=int(os.environ.get("OPGEN_GPU_SPECS", "40")), deadline=None,
+          suppress_health_check=list(HealthCheck))
+@given(d=valid_spec_dicts(), M=st.sampled_from([1, 5, 16, 70]), data=st.data())
+def test_generated_specs_match_reference(d, M, data, record):
+    """Any valid spec the planner accepts: a random candidate config against the
+    reference (formats, packings, orders, zero kinds, epilogues beyond the shipped set)."""
+    from opgen.codegen.validate import spec_from_dict
+    from opgen.runtime.device import current_arch
+    spec = spec_from_dict(d)
+    if spec.op != "matmul" or runnable_shape(spec) is None:
+        return
+    N, K = runnable_shape(spec)
+    try:
+        cands = planner.candidates(spec, current_arch(), M, N, K)
+    except planner.PlanError:
+        return   # refused with its reason (tests/runtime/test_compiler.py)
+    cfg = data.draw(st.sampled_from(cands), label="config")
+    weights.cache_clear()
+    run_check(spec, cfg, M, N, K, seed=data.draw(st.integers(0, 2**31)), record=record)
