@@ -3,10 +3,12 @@
 The templates never look at the spec; they read a `Layout` (how the weight,
 scale and zero arrays sit in memory, in the terms the kernel addresses them)
 and a `Numerics` (how a code becomes a number, which mma runs). Both are
-derived here once, so every format difference is data, not template branches.
+derived here once, so every format difference is data, not template branches. All of it is a
+pure function of frozen inputs, cached: the runtime asks again on every launch.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -74,6 +76,7 @@ class Numerics:
     out_dtype: str
 
 
+@functools.lru_cache(maxsize=None)
 def weight_layout(spec: Spec) -> Layout:
     w = spec.b
     code = weight_code(w)
@@ -99,6 +102,7 @@ _FLOAT_KIND = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3": "fp8e4m3",
                "float8_e5m2": "fp8e5m2"}
 
 
+@functools.lru_cache(maxsize=None)
 def numerics(spec: Spec, fp8_mma: bool = True) -> Numerics:
     """fp8_mma: the target has an e4m3 mma.sync (sm_89+). Without it fp8
     activations are widened to fp16 in shared memory and the weights decoded,
@@ -177,6 +181,7 @@ class Vector:
         return max(self.dk) + 1
 
 
+@functools.lru_cache(maxsize=None)
 def vector(lay: Layout, vbytes: int) -> Vector:
     assert vbytes % 4 == 0 and vbytes % lay.elem_bytes == 0
     V = vbytes // lay.elem_bytes
@@ -229,6 +234,7 @@ def _h(x: int) -> str:
     return f"0x{x:08X}"
 
 
+@functools.lru_cache(maxsize=None)
 def decode_plan(lay: Layout, num: Numerics) -> Decode:
     bits = lay.bits
     mask = (1 << bits) - 1 if bits < 32 else 0xFFFFFFFF

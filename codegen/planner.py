@@ -279,15 +279,23 @@ def candidates(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) ->
     return out
 
 
+def grid(spec: Spec, cfg: Config, M: int, N: int) -> Tuple[int, int, int]:
+    """The launch grid: GEMM tiles (n, m, split-K slice); GEMV blocks of output
+    columns (one warp per column when weights are [N, K], one lane per weight
+    vector when [K, N]) by split-K slice."""
+    if cfg.family == "gemm":
+        return (-(-N // cfg.BN), -(-M // cfg.BM), cfg.split_k)
+    lay = weight_layout(spec)
+    if lay.row_axis == "n":
+        return (-(-N // cfg.warps), cfg.split_k, 1)
+    n_per_block = 32 * vector(lay, cfg.vbytes).n_extent
+    return (-(-N // n_per_block), cfg.split_k, 1)
+
+
 def blocks(spec: Spec, cfg: Config, M: int, N: int) -> int:
     """Thread blocks one launch of cfg runs."""
-    if cfg.family == "gemm":
-        return -(-N // cfg.BN) * -(-M // cfg.BM) * cfg.split_k
-    lay = weight_layout(spec)
-    if lay.row_axis == "n":                   # one warp per output column
-        return -(-N // cfg.warps) * cfg.split_k
-    n_per_block = 32 * vector(lay, cfg.vbytes).n_extent   # one lane per vector column
-    return -(-N // n_per_block) * cfg.split_k
+    x, y, z = grid(spec, cfg, M, N)
+    return x * y * z
 
 
 def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> Config:

@@ -34,17 +34,15 @@ class Kernel:
         self.compiled = compiler.compile_kernel(spec, config, self.arch)
         self.module, self.fn = load_function(self.compiled)
         self.geometry = self.compiled.geometry
-        self._ws = {}     # (device, stream) -> (workspace, counters, capacity)
+        self._ws = {}     # (device, stream) -> (workspace, counters)
+        self._grids = {}  # (M, N) -> launch grid
 
     def grid(self, M: int, N: int, K: int) -> tuple:
-        c, g = self.config, self.geometry
-        if c.family == "gemm":
-            return (-(-N // c.BN), -(-M // c.BM), c.split_k)
-        vec = g["vec"]
-        if g["scheme"] == "row":
-            return (-(-N // c.warps), c.split_k, 1)
-        lay_cols = N // vec.n_extent        # vectors per storage row
-        return (-(-lay_cols // 32), c.split_k, 1)
+        # Cached: hashing the spec for the planner costs microseconds per launch.
+        g = self._grids.get((M, N))
+        if g is None:
+            g = self._grids[(M, N)] = planner.grid(self.spec, self.config, M, N)
+        return g
 
     def _workspace(self, M: int, N: int, grid: tuple, stream_ptr: int):
         """fp32 split-K workspace + tile counters; kernels leave both zeroed."""
