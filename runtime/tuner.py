@@ -23,6 +23,7 @@ its top level with `if __name__ == "__main__":` (as with any multiprocessing).
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -362,6 +363,12 @@ def _out_to_f32(spec, host: np.ndarray) -> np.ndarray:
     return host.astype(np.float32)
 
 
+@functools.lru_cache(maxsize=2)
+def _weights(spec, N, K, seed):
+    from opgen.codegen.reference import random_weight_tensors
+    return random_weight_tensors(spec, N, K, np.random.default_rng(seed))
+
+
 @dataclass
 class _Problem:
     """One set of kernel inputs (host numpy or device cupy arrays)."""
@@ -372,8 +379,11 @@ class _Problem:
 
     @classmethod
     def random(cls, spec, M, N, K, rng) -> "_Problem":
-        from opgen.codegen.reference import random_activation, random_bias, random_weight_tensors
-        tensors = random_weight_tensors(spec, N, K, rng)
+        """Random weights drawn once per (spec, N, K, weight seed) and shared by
+        every bucket of a tuning run (numpy takes seconds for an 8192^2 weight);
+        activations and bias fresh from rng."""
+        from opgen.codegen.reference import random_activation, random_bias
+        tensors = _weights(spec, N, K, int(rng.integers(0, 4)))
         a, a_scale = random_activation(spec, M, K, rng)
         bias = random_bias(spec, N, rng) if spec.epilogue.bias else None
         return cls(a, a_scale, dict(tensors), bias)
