@@ -288,8 +288,10 @@ def test_tune_end_to_end(tmp_path):
     import subprocess
     import sys
     code = (
-        "import json, time, opgen\n"
+        "import json, time, cupy, opgen\n"
+        "from opgen.runtime.device import current_arch\n"
         "from opgen.runtime.tuning_db import TuningDB\n"
+        "cupy.zeros(1); current_arch()   # CUDA context: once per process, not per kernel\n"
         f"db = TuningDB({str(tmp_path / 'tuning.json')!r}, shipped=False)\n"
         f"op = opgen.load('gptq_v2_w4a16_g128', N={N}, K={K}, db=db)\n"
         "times = {}\n"
