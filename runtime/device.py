@@ -14,6 +14,10 @@ def has_gpu() -> bool:
         return False
 
 
+class NoGPUError(RuntimeError):
+    """No usable CUDA device (or no CuPy): building works, running does not."""
+
+
 @functools.lru_cache(maxsize=None)
 def _props(dev: int) -> dict:
     import cupy
@@ -21,8 +25,15 @@ def _props(dev: int) -> dict:
 
 
 def current_device() -> int:
-    import cupy
-    return cupy.cuda.runtime.getDevice()
+    try:
+        import cupy
+        dev = cupy.cuda.runtime.getDevice()
+        _props(dev)
+        return dev
+    except ImportError:
+        raise NoGPUError("CuPy is not installed: pip install 'opgen[cuda12]' (or [cuda13])") from None
+    except Exception as e:   # CUDARuntimeError: no driver, no device
+        raise NoGPUError(f"no usable CUDA GPU ({e}); `opgen build` still works without one") from None
 
 
 def current_arch() -> str:
