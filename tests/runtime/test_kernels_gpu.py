@@ -32,10 +32,10 @@ def tolerance(spec) -> float:
         if spec.a.dtype != "bfloat16" else 1.5e-2
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=64)
 def weights(spec, N, K):
     """Random weights per (spec, shape), shared by the M values of one shape
-    (quantizing a large matrix in numpy costs about a second)."""
+    (drawing a large one in numpy costs seconds; all of them fit in host memory)."""
     return random_weight_tensors(spec, N, K, np.random.default_rng(N * 7 + K))
 
 
