@@ -174,5 +174,4 @@ def test_generated_specs_match_reference(d, M, data, record):
     except planner.PlanError:
         return   # refused with its reason (tests/runtime/test_compiler.py)
     cfg = data.draw(st.sampled_from(cands), label="config")
-    weights.cache_clear()
     run_check(spec, cfg, M, N, K, seed=data.draw(st.integers(0, 2**31)), record=record)
