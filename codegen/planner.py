@@ -251,15 +251,18 @@ def all_configs() -> List[Config]:
 
 def candidates(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> List[Config]:
     """Valid configurations worth timing for this problem size: GEMV only for
-    M <= 8 and with the smallest mmax >= M; GEMM tiles no taller than 2M;
-    split-K only while the grid stays under 8 waves and slices keep 4 k-tiles."""
+    M <= 8 and with the smallest mmax >= M; GEMM tiles between M/4 (at most 64)
+    and 2M rows; split-K only while the grid stays under 8 waves and slices keep
+    4 k-tiles."""
     check_shape(spec, N, K)
     out, why = [], {}
     for cfg in all_configs():
         if cfg.family == "gemv" and (M > cfg.mmax or (cfg.mmax > 1 and cfg.mmax >= 2 * M)):
             continue
         if cfg.family == "gemm":
-            if cfg.BM > max(16, 2 * M):
+            # Tiles no taller than 2M (padding), and no shorter than a quarter
+            # of M up to 64 rows (each m-tile re-reads all the weights).
+            if cfg.BM > max(16, 2 * M) or cfg.BM < min(64, M // 4):
                 continue
             tiles = -(-N // cfg.BN) * -(-M // cfg.BM)
             if cfg.split_k > 1 and (tiles * cfg.split_k > 8 * sms or K // cfg.split_k < 4 * cfg.BK):
