@@ -304,8 +304,8 @@ def blocks(spec: Spec, cfg: Config, M: int, N: int) -> int:
 def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> Config:
     """A reasonable pick without tuning: for decode (M <= 4) the GEMV with two
     waves of blocks, the widest loads and the fewest split-K slices; else the
-    GEMM tile that fills the SMs with the least padding of M and the largest
-    tiles, split-K only when the tiles alone leave SMs idle."""
+    GEMM tile with the least padding of M, as tall as that allows, 128 wide,
+    split-K only when the tiles alone leave more than half the SMs idle."""
     cands = candidates(spec, arch, M, N, K, sms)
     gemv = [c for c in cands if c.family == "gemv"]
     if M <= 4 and gemv:
@@ -313,9 +313,11 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
                                         c.warps != 4, c.split_k))
 
     def score(c: Config):
+        # Measured on the H200 (bench/NOTES.md, v0): split-K only pays when the
+        # tiles fill less than half the SMs; tall tiles beat wide ones; BN = 128.
         if c.family != "gemm":
-            return (True, 9.0, 0, 0, True, True)
+            return (True, 9.0, 0, True, 0, True, True)
         waste = (-(-M // c.BM) * c.BM) / M
-        return (blocks(spec, c, M, N) < sms, round(waste, 1), -c.BM * c.BN, c.split_k,
-                c.stages != 4, c.min_blocks != 1)
+        return (blocks(spec, c, M, N) < sms // 2, round(waste, 1), -c.BM, c.BN != 128,
+                c.split_k, c.stages != 4, c.min_blocks != 1)
     return min(cands, key=score)
