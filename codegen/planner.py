@@ -203,7 +203,7 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     if num.group and num.group % vec.k_extent:
         raise PlanError("weight vector crosses a scale group")
     scheme = "row" if lay.row_axis == "n" else "col"
-    if scheme == "col" and cfg.mmax * vec.ncols > 64:
+    if scheme == "col" and (cfg.mmax * vec.ncols > 64 or vec.n_extent > 8):
         raise PlanError("too many accumulators per thread (mmax x vector width)")
     return dict(threads=cfg.warps * 32, scheme=scheme, vec=vec, dec=decode_plan(lay, num),
                 smem=0)

@@ -2,6 +2,7 @@
 every arch through NVRTC (no GPU needed); the SASS of the default GEMM
 kernels holds the tensor-core, ldmatrix and cp.async instructions; ptxas
 reports no spills or local memory for the default configs."""
+import os
 import re
 
 import pytest
@@ -75,7 +76,8 @@ def test_cache_key_and_atomic_cache(tmp_path, monkeypatch):
     assert c.cubin != a.cubin
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=int(os.environ.get("OPGEN_HYP_N", "40")), deadline=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
 @given(d=valid_spec_dicts(), M=st.sampled_from([1, 16, 200]))
 def test_generated_specs_compile(d, M):
     """Any valid matmul spec the planner accepts compiles through NVRTC for sm_90."""
