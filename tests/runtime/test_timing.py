@@ -9,15 +9,6 @@ from opgen.runtime import timing
 from opgen.runtime.timing import Timer, n_copies
 
 
-def _gpu_available() -> bool:
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-needs_gpu = pytest.mark.skipif(not _gpu_available(), reason="needs an NVIDIA GPU and cupy")
 
 
 def test_n_copies():
@@ -79,8 +70,7 @@ def test_tuner_and_bench_share_the_timer():
 
 # --- on the GPU --------------------------------------------------------------------------
 
-@pytest.mark.gpu
-@needs_gpu
+@pytest.mark.gpu   # skipped without a GPU (tests/conftest.py)
 def test_timer_on_gpu():
     """The timer measures the kernel, not Python's launch overhead, and a
     memory-bound kernel's time matches its bytes."""

@@ -17,15 +17,6 @@ from opgen.runtime.tuner import Timing, tune, tolerance
 from opgen.runtime.tuning_db import TuningDB
 
 
-def _gpu_available() -> bool:
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-needs_gpu = pytest.mark.skipif(not _gpu_available(), reason="needs an NVIDIA GPU and cupy")
 
 SPEC = Spec(name="w4a16_fake", op="matmul", a=Activation("float16"),
             b=Weight("uint4", scale=Scale("float16", "group", 128)), out=Output("float16"))
@@ -244,8 +235,7 @@ def test_tolerance():
 
 # --- on the GPU --------------------------------------------------------------------------
 
-@pytest.mark.gpu
-@needs_gpu
+@pytest.mark.gpu   # skipped without a GPU (tests/conftest.py)
 def test_tune_end_to_end(tmp_path):
     for mod in ("opgen.codegen.planner", "opgen.runtime.compiler", "opgen.runtime.kernel",
                 "opgen.codegen.reference", "opgen.codegen.validate", "opgen.runtime.device"):
