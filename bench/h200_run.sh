@@ -2,7 +2,7 @@
 # One device call on the H200: install, GPU correctness suite, tune the
 # headline spec, benchmark against the peers. Eight files land in $OUT (the
 # device tool brings back at most 8).
-# Time limits per step (seconds): T_TEST, T_TUNE, T_BENCH; together under the
+# Time limits per step (seconds): T_TEST, T_TUNE, T_BENCH, T_TORCH; together under the
 # device tool's 10-minute call limit. OPGEN_GPU_MS / OPGEN_GPU_SHAPES /
 # OPGEN_GPU_CONFIGS shorten the test step (tests/runtime/test_kernels_gpu.py).
 set -u
@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/opgen_out}; mkdir -p "$OUT"
 export OPGEN_CACHE_DIR=/tmp/opgen_cache PYTHONUNBUFFERED=1
 python3 -m pip install --no-deps --no-build-isolation -q -e . > /tmp/opgen_install.log 2>&1 || tail -5 /tmp/opgen_install.log
 # 1. correctness (the results file is rewritten after every check)
-OPGEN_RESULTS="$OUT/gpu_correctness.json" timeout "${T_TEST:-300}" python3 -m pytest -q -p no:cacheprovider \
+OPGEN_RESULTS="$OUT/gpu_correctness.json" timeout "${T_TEST:-240}" python3 -m pytest -q -p no:cacheprovider \
   tests/runtime/test_kernels_gpu.py tests/runtime/test_op_gpu.py tests/runtime/test_tuner_gpu.py \
   > "$OUT/pytest_gpu.txt" 2>&1
 grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.txt" | tail -12
@@ -20,6 +20,10 @@ timeout "${T_TUNE:-100}" python3 -m opgen tune gptq_v2_w4a16_g128 --N 8192 --K 8
 cp /tmp/opgen_tuned.json "$OUT/tuned_h200.json" 2>/dev/null
 tail -14 "$OUT/tune.txt"
 # 3. benchmark against the peers, with that DB
-timeout "${T_BENCH:-150}" python3 -m opgen.bench --quick --db /tmp/opgen_tuned.json --out "$OUT" \
+timeout "${T_BENCH:-120}" python3 -m opgen.bench --quick --db /tmp/opgen_tuned.json --out "$OUT" \
   > /tmp/opgen_bench.txt 2>&1; tail -5 /tmp/opgen_bench.txt
 grep -A40 -i "target" "$OUT/bench.md" | head -40
+# 4. PyTorch integration on the GPU (QuantLinear, torch.compile, CUDA graphs), appended
+timeout "${T_TORCH:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/package/test_torch.py \
+  >> "$OUT/pytest_gpu.txt" 2>&1
+tail -3 "$OUT/pytest_gpu.txt"
