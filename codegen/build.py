@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .. import __version__
-from . import planner, render
+from . import planner
 from .spec import Spec
 
 # Where the plan is made for N or K left "any": the kernels take N and K at
@@ -34,14 +34,9 @@ ARGUMENTS = [
 ]
 
 
-def _compile(source: str, name: str, arch: str):
-    from ..runtime.compiler import nvrtc_compile
-    return nvrtc_compile(source, name, arch)
-
-
 def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
                N: Optional[int] = None, K: Optional[int] = None) -> List[Path]:
-    from ..runtime.compiler import parse_ptxas, nvrtc_version
+    from ..runtime.compiler import compile_kernel, nvrtc_version
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if spec.op == "quantize":
@@ -62,17 +57,13 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
         dispatch[label] = cfg.name
         if cfg.name in kernels:
             continue
-        source, geom = render.render(spec, cfg, arch)
-        name = render.kernel_name(spec, cfg)
-        cubin, log = _compile(source, name, arch)
-        cu, cb = out / f"{cfg.name}.cu", out / f"{cfg.name}.{arch}.cubin"
-        cu.write_text(source)
-        cb.write_bytes(cubin)
-        written += [cu, cb]
+        c = compile_kernel(spec, cfg, arch)
+        written += _write(out, cfg.name, c)
         kernels[cfg.name] = dict(
-            entry=name, source=cu.name, cubin=cb.name, config=cfg.to_dict(),
-            block=[geom["threads"], 1, 1], dynamic_smem=geom.get("smem", 0),
-            grid=_grid_rule(cfg, geom), ptxas=parse_ptxas(log))
+            entry=c.name, source=f"{cfg.name}.cu", cubin=f"{cfg.name}.{arch}.cubin",
+            config=cfg.to_dict(), block=[c.geometry["threads"], 1, 1],
+            dynamic_smem=c.geometry.get("smem", 0), grid=_grid_rule(cfg, c.geometry),
+            ptxas=c.resources)
     plan = dict(opgen=__version__, spec=spec.name, spec_hash=spec.content_hash(), arch=arch,
                 nvrtc=nvrtc_version(), N=N, K=K,
                 alignment=f"K % {planner.K_ALIGN} == 0, N % {planner.N_ALIGN} == 0, "
@@ -84,6 +75,14 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
     return written + [p]
 
 
+def _write(out: Path, stem: str, c) -> List[Path]:
+    """The generated source and its cubin, side by side."""
+    cu, cb = out / f"{stem}.cu", out / f"{stem}.{c.arch}.cubin"
+    cu.write_text(c.source)
+    cb.write_bytes(c.cubin)
+    return [cu, cb]
+
+
 def _grid_rule(cfg: planner.Config, geom: dict) -> str:
     if cfg.family == "gemm":
         return f"[ceil(N/{cfg.BN}), ceil(M/{cfg.BM}), {cfg.split_k}]"
@@ -93,17 +92,14 @@ def _grid_rule(cfg: planner.Config, geom: dict) -> str:
 
 
 def _build_quantize(spec: Spec, out: Path, arch: str) -> List[Path]:
-    from ..runtime.compiler import parse_ptxas
-    source, geom = render.render_quantize(spec, arch)
-    name = geom["name"]
-    cubin, log = _compile(source, name, arch)
-    cu, cb = out / f"{name}.cu", out / f"{name}.{arch}.cubin"
-    cu.write_text(source)
-    cb.write_bytes(cubin)
+    from ..runtime.compiler import compile_kernel
+    c = compile_kernel(spec, None, arch)
+    name = c.name
+    cu, cb = _write(out, name, c)
     plan = dict(opgen=__version__, spec=spec.name, spec_hash=spec.content_hash(), arch=arch,
                 kernels={name: dict(entry=name, source=cu.name, cubin=cb.name,
-                                    block=[geom["threads"], 1, 1], grid="[M, 1, 1]",
-                                    ptxas=parse_ptxas(log))},
+                                    block=[c.geometry["threads"], 1, 1], grid="[M, 1, 1]",
+                                    ptxas=c.resources)},
                 alignment="K % 8 == 0",
                 arguments=[dict(name="x", type="const void*", doc="input [M, K]"),
                            dict(name="codes", type="void*", doc="codes [M, K] (out dtype)"),
