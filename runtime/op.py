@@ -14,9 +14,6 @@ from ..codegen.spec import Spec, scale_shape, weight_storage_shape, zero_shape
 from . import arrays
 from .buckets import bucket_of, representative_M
 
-_STORE = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "int8": "int8",
-          "float8_e4m3": "float8_e4m3"}
-
 
 def _spec(spec_or_name) -> Spec:
     if isinstance(spec_or_name, Spec):
@@ -85,7 +82,7 @@ class MatmulOp:
         M = va.shape[0]
         if M == 0:
             raise ValueError("a: M must be at least 1")
-        arrays.check(va, "a", (M, self.K), _STORE[spec.a.dtype], None)
+        arrays.check(va, "a", (M, self.K), spec.a.dtype, None)
         dev = va.device
         given = {"qweight": qweight, "scales": scales, "zeros": zeros}
         ptrs = {"a": va.ptr}
