@@ -39,14 +39,16 @@ class Config:
     vbytes: int = 16       # gemv: bytes per weight vector load
     mmax: int = 8          # gemv: most rows of a it handles (M <= mmax)
     min_blocks: int = 1    # gemm: blocks per SM asked of ptxas (__launch_bounds__)
+    wgmma: bool = False    # gemm: warpgroup MMA (sm_90a) instead of mma.sync; WM = 64
 
     @property
     def name(self) -> str:
         if self.family == "gemv":
             return f"gemv_m{self.mmax}_w{self.warps}_v{self.vbytes}_s{self.split_k}"
         occ = f"_o{self.min_blocks}" if self.min_blocks != 1 else ""
+        wg = "_wg" if self.wgmma else ""
         return (f"gemm_{self.BM}x{self.BN}x{self.BK}_w{self.WM}x{self.WN}"
-                f"_p{self.stages}_s{self.split_k}{occ}")
+                f"_p{self.stages}_s{self.split_k}{occ}{wg}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,7 +111,9 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
         raise PlanError("warp tile must divide the block tile, in multiples of 16")
     if (BK * ce) % 128:
         raise PlanError("BK * operand bytes must be a multiple of 128 (swizzled rows)")
-    threads = (BM // WM) * (BN // WN) * 32
+    threads = (BM // WM) * (BN // WN) * (128 if cfg.wgmma else 32)
+    if cfg.wgmma:
+        _check_wgmma(cfg, a, num, lay, ce)
     if threads > 256 or threads < 64:
         raise PlanError(f"{threads} threads per block")
     a_bytes = hw.MMAS[spec.a.dtype].a_bytes     # stored activation bytes (1 when widened)
@@ -149,22 +153,53 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
         g.update(b_kmajor=kmajor, b_rows=rows, b_rowb=rowb, b_chunk=chunk,
                  bs_rows=bs_rows, bs_rowb=bs_rowb, vec=vec, stores=_stores(vec, kmajor))
         b_stage = rows * rowb
-        bs = 2 * bs_rows * bs_rowb
-    if cfg.stages < 2 + (0 if num.dense else 1):
-        raise PlanError("decoded weights need at least 3 pipeline stages")
+        bs = 2 * bs_rows * bs_rowb     # decoded tiles, double-buffered
+    # Stages the pipeline needs (gemm.cu.j2): one more for a decoded tile, one
+    # more for the wgmma group kept in flight.
+    inflight = int(cfg.wgmma and num.dense)
+    need = 2 + (0 if num.dense else 1) + inflight
+    if cfg.stages < need:
+        raise PlanError(f"this pipeline needs at least {need} stages")
     a_dec = 2 * BM * BK * ce if num.a_decode else 0     # widened A, double-buffered
-    smem = cfg.stages * (BM * BK * a_bytes + b_stage) + bs + a_dec
+    stage = BM * BK * a_bytes + b_stage
+    if cfg.wgmma:
+        # wgmma tiles start on 1024-byte boundaries (the 128-byte swizzle is a
+        # function of address bits 7-9): padded stages plus slack to align the base.
+        stage = -(-stage // 1024) * 1024
+        g.update(stage_bytes=stage, target=hw.WGMMA_TARGET[a.name], wgmma_types=hw.WGMMAS[num.mma].types,
+                 wgmma_tail=hw.WGMMAS[num.mma].tail)
+    smem = cfg.stages * stage + bs + a_dec + (1024 if cfg.wgmma else 0)
     # Static shared memory (codebook, split-K flag) shares the opt-in limit.
     if smem + STATIC_SMEM_RESERVE > a.smem_per_block:
         raise PlanError(f"{smem} bytes of shared memory > {a.smem_per_block} on {arch}")
     if cfg.min_blocks > 1 and cfg.min_blocks * (smem + STATIC_SMEM_RESERVE) > a.smem_per_sm:
         raise PlanError(f"{cfg.min_blocks} blocks of {smem} bytes do not fit one SM")
-    acc_regs = (WM // 16) * (WN // 8) * 4
-    # fp8 mma.sync on sm_90 runs as two f16 HMMAs plus conversions: fewer accumulators.
-    if acc_regs > (32 if num.mma == "float8_e4m3" else 64):
+    if cfg.wgmma:
+        acc_regs, most = WN // 2, 128          # a 64 x WN fp32 tile over 128 threads
+    else:
+        acc_regs = (WM // 16) * (WN // 8) * 4
+        # fp8 mma.sync on sm_90 runs as two f16 HMMAs plus conversions: fewer accumulators.
+        most = 32 if num.mma == "float8_e4m3" else 64
+    if acc_regs > most:
         raise PlanError(f"{acc_regs} accumulator registers per thread")
-    g.update(smem=smem, grid_tiles=(BN, BM))
+    g.update(smem=smem, grid_tiles=(BN, BM), wgmma=cfg.wgmma, inflight=inflight)
     return g
+
+
+def _check_wgmma(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, ce: int) -> None:
+    """What the wgmma path needs: sm_90a, one warpgroup per 64 x WN tile,
+    both operands K-major in 128-byte swizzled rows (one swizzle atom per row)."""
+    if not a.wgmma:
+        raise PlanError(f"wgmma needs sm_90a (target {a.name})")
+    if cfg.WM != 64 or cfg.WN not in (64, 128, 256):
+        raise PlanError("a wgmma warpgroup tile is 64 x 64/128/256")
+    if cfg.BK * ce != 128:
+        raise PlanError("wgmma tiles have 128-byte rows (BK = 64 for 16-bit, 128 for 8-bit operands)")
+    if num.a_decode:
+        raise PlanError("wgmma reads A as stored: no widened fp8 activations")
+    kmajor = (lay.pack_axis == "k") or (lay.pack_axis is None and lay.row_axis == "n")
+    if not kmajor:
+        raise PlanError("wgmma here takes K-major weights (decoded or stored [N, K])")
 
 
 def _stores(vec: Vector, kmajor: bool) -> List[dict]:
@@ -203,6 +238,9 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     if num.group and num.group % vec.k_extent:
         raise PlanError("weight vector crosses a scale group")
     scheme = "row" if lay.row_axis == "n" else "col"
+    if scheme == "col" and vec.ncols % 2:
+        raise PlanError("the column GEMV stores output pairs: a weight vector must span an even "
+                        "number of columns n")
     if scheme == "col" and (cfg.mmax * vec.ncols > 64 or vec.n_extent > 8):
         raise PlanError("too many accumulators per thread (mmax x vector width)")
     return dict(threads=cfg.warps * 32, scheme=scheme, vec=vec, dec=decode_plan(lay, num),
@@ -229,6 +267,9 @@ GEMM_TILES = [
     (16, 128, 128, 16, 32), (32, 128, 128, 32, 32), (64, 128, 128, 32, 64),
     (64, 128, 128, 32, 32), (128, 64, 128, 32, 32), (128, 128, 128, 64, 32),
 ]
+# wgmma tiles (BM, BN, WN): warpgroups of 64 x WN, at most two per block.
+WGMMA_TILES = [(64, 128, 128), (64, 256, 256), (64, 256, 128), (128, 128, 128),
+               (128, 256, 256), (128, 128, 64)]
 STAGES = (3, 4, 5)
 SPLITS = (1, 2, 4, 8)
 
@@ -241,6 +282,11 @@ def all_configs() -> List[Config]:
                 out.append(Config("gemm", BM, BN, BK, WM, WN, stages, sk))
                 if BM >= 64:   # two resident blocks: 128 registers for 256 threads
                     out.append(Config("gemm", BM, BN, BK, WM, WN, stages, sk, min_blocks=2))
+    for (BM, BN, WN) in WGMMA_TILES:
+        for BK in (64, 128):            # 128-byte rows of 16-bit or 8-bit operands
+            for stages in STAGES:
+                for sk in SPLITS:
+                    out.append(Config("gemm", BM, BN, BK, 64, WN, stages, sk, wgmma=True))
     for mmax in (1, 2, 4, 8):
         for warps in (4, 8):
             for vb in (16, 8, 4):
@@ -262,7 +308,9 @@ def candidates(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) ->
         if cfg.family == "gemm":
             # Tiles no taller than 2M (padding), and no shorter than a quarter
             # of M up to 64 rows (each m-tile re-reads all the weights).
-            if cfg.BM > max(16, 2 * M) or cfg.BM < min(64, M // 4):
+            # (wgmma tiles are 64 rows at least: worth trying from M = 9 on.)
+            tallest = max(64 if cfg.wgmma and M > 8 else 16, 2 * M)
+            if cfg.BM > tallest or cfg.BM < min(64, M // 4):
                 continue
             tiles = -(-N // cfg.BN) * -(-M // cfg.BM)
             if cfg.split_k > 1 and (tiles * cfg.split_k > 8 * sms or K // cfg.split_k < 4 * cfg.BK):
@@ -312,12 +360,22 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
         return min(gemv, key=lambda c: (blocks(spec, c, M, N) < 2 * sms, -c.vbytes,
                                         c.warps != 4, c.split_k))
 
+    # Measured on the H200 (bench/NOTES.md): wgmma wins above M = 64 (from
+    # M = 33 when the weights need no decode); mma.sync below.
+    wg = [c for c in cands if c.wgmma]
+    dense = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).dense
+    if wg and M > (32 if dense else 64):
+        cands = wg
+    else:
+        cands = [c for c in cands if not c.wgmma] or cands
+    wide = 256 if M >= 1024 else 128
+
     def score(c: Config):
-        # Measured on the H200 (bench/NOTES.md, v0): split-K only pays when the
-        # tiles fill less than half the SMs; tall tiles beat wide ones; BN = 128.
+        # Split-K only pays when the tiles fill less than half the SMs; tall
+        # tiles beat wide ones; 128 wide, 256 for large M with wgmma.
         if c.family != "gemm":
             return (True, 9.0, 0, True, 0, True, True)
         waste = (-(-M // c.BM) * c.BM) / M
-        return (blocks(spec, c, M, N) < sms // 2, round(waste, 1), -c.BM, c.BN != 128,
-                c.split_k, c.stages != 4, c.min_blocks != 1)
+        return (blocks(spec, c, M, N) < sms // 2, round(waste, 1), -c.BM,
+                c.BN != (wide if c.wgmma else 128), c.split_k, c.stages != 4, c.min_blocks != 1)
     return min(cands, key=score)

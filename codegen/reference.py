@@ -125,17 +125,20 @@ def _pack(fields: np.ndarray, axis: int, bits: int, pack: Pack) -> np.ndarray:
     bit field i (field 0 = least significant) holding element j*P + order[i]."""
     P = CONTAINER_BITS[pack.container] // bits
     order = _order(pack, P)
-    f = np.moveaxis(np.asarray(fields, dtype=np.int64), axis, -1)
+    f = np.moveaxis(np.asarray(fields), axis, -1)
     if f.shape[-1] % P:
         raise ValueError(f"packed axis of length {f.shape[-1]} is not a multiple of P={P}")
-    f = (f & ((1 << bits) - 1)).astype(np.uint64).reshape(*f.shape[:-1], -1, P)
-    word = np.zeros(f.shape[:-1], dtype=np.uint64)
+    # uint32 arithmetic (containers are at most 32 bits): two's complement
+    # fields keep their low `bits` bits under the mask.
+    f = (f.astype(np.int64 if f.dtype.kind == "i" else np.uint64).astype(np.uint32)
+         & np.uint32((1 << bits) - 1)).reshape(*f.shape[:-1], -1, P)
+    word = np.zeros(f.shape[:-1], dtype=np.uint32)
     for i, src in enumerate(order):
-        word |= f[..., src] << np.uint64(bits * i)
-    word = np.moveaxis(word, -1, axis)
+        word |= f[..., src] << np.uint32(bits * i)
+    word = np.ascontiguousarray(np.moveaxis(word, -1, axis))
     if pack.container == "uint8":
         return word.astype(np.uint8)
-    return word.astype(np.uint32).view(np.int32)
+    return word.view(np.int32)
 
 
 def _unpack(words: np.ndarray, axis: int, bits: int, pack: Pack) -> np.ndarray:

@@ -130,13 +130,14 @@ def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
     else:
         source, geometry = render.render(spec, cfg, arch)
         name = render.kernel_name(spec, cfg)
+    target = geometry.get("target", arch)     # e.g. sm_90a for wgmma kernels
     key = hashlib.sha256("\0".join(
-        [source, " ".join(options(arch)), arch, nvrtc_version(), __version__]).encode()).hexdigest()[:32]
+        [source, " ".join(options(target)), arch, nvrtc_version(), __version__]).encode()).hexdigest()[:32]
     path = cache_dir() / f"{name}-{arch}-{key}.cubin"
     log_path = path.with_suffix(".log")
     if use_cache and path.exists() and log_path.exists():
         return Compiled(path.read_bytes(), name, source, log_path.read_text(), geometry, arch)
-    cubin, log = nvrtc_compile(source, name, arch)
+    cubin, log = nvrtc_compile(source, name, target)
     res = parse_ptxas(log)
     if res.get("spill_bytes", 0) > 0 or res.get("stack", 0) > 0:
         # Spills and local-memory arrays are a planner bug for a default config,

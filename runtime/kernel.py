@@ -21,8 +21,11 @@ def load_function(compiled: compiler.Compiled):
     module.load(compiled.cubin)
     fn = module.get_function(compiled.name)
     smem = compiled.geometry.get("smem", 0)
-    if smem > 48 * 1024:
-        # cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8)
+    if smem > 0:
+        # cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8).
+        # Needed whenever static + dynamic shared memory passes 48 KiB: the
+        # default dynamic limit is 48 KiB minus the static part (codebook,
+        # split-K flag), so a 48 KiB request fails without it.
         cupy.cuda.driver.funcSetAttribute(fn.ptr, 8, smem)
     return module, fn
 

@@ -39,9 +39,33 @@ def test_candidates_and_heuristic(name, M):
     for c in cands:
         assert c.family == "gemm" or M <= c.mmax <= 8
         if c.family == "gemm":
-            assert c.BM <= max(16, 2 * M)
+            # wgmma tiles are 64 rows at least and tried from M = 9 on
+            assert c.BM <= max(64 if c.wgmma else 16, 2 * M)
+            assert not c.wgmma or M > 8
     if M > 8:
         assert pick.family == "gemm"
+
+
+@pytest.mark.parametrize("name", MATMUL)
+def test_wgmma_only_where_it_runs(name):
+    """wgmma configs on sm_90 for K-major weights (all but AWQ), never on sm_80,
+    and 128-byte operand rows."""
+    s = spec(name)
+    wg = [c for c in planner.candidates(s, "sm_90", 256, 4096, 4096) if c.wgmma]
+    assert bool(wg) == (name != "awq_w4a16_g128")
+    for c in wg:
+        g = planner.geometry(s, c, "sm_90")
+        assert g["target"] == "sm_90a" and c.WM == 64 and c.BK * g["ce"] == 128
+    assert not any(c.wgmma for c in planner.candidates(s, "sm_80", 256, 4096, 4096))
+
+
+def test_wgmma_refusals_name_the_reason():
+    with pytest.raises(planner.PlanError, match="sm_90a"):
+        planner.geometry(spec("w4a16_sym_g128"), planner.Config("gemm", 64, 128, 64, 64, 128, 4, 1, wgmma=True), "sm_80")
+    with pytest.raises(planner.PlanError, match="K-major"):
+        planner.geometry(spec("awq_w4a16_g128"), planner.Config("gemm", 64, 128, 64, 64, 128, 4, 1, wgmma=True), "sm_90")
+    with pytest.raises(planner.PlanError, match="128-byte rows"):
+        planner.geometry(spec("w8a8_int8"), planner.Config("gemm", 64, 128, 256, 64, 128, 4, 1, wgmma=True), "sm_90")
 
 
 def test_config_round_trip_and_names():

@@ -33,6 +33,7 @@ def test_build_every_spec(name, arch, tmp_path):
 
 
 MMA_OP = {"int8": "IMMA", "float16": "HMMA", "bfloat16": "HMMA", "float8_e4m3": "HMMA"}
+WGMMA_OP = {"int8": "IGMMA", "float16": "HGMMA", "bfloat16": "HGMMA", "float8_e4m3": "QGMMA"}
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -48,8 +49,11 @@ def test_default_gemm_sass_and_resources(name, M, arch):
     if compiler.find_nvdisasm() is None:
         pytest.skip("nvdisasm not installed (extra 'sass')")
     sass = compiler.disassemble(c.cubin)
-    for op in (MMA_OP[s.a.dtype], "LDSM", "LDGSTS"):
+    want = (WGMMA_OP[s.a.dtype],) if cfg.wgmma else (MMA_OP[s.a.dtype], "LDSM")
+    for op in (*want, "LDGSTS"):
         assert re.search(rf"\b{op}\b", sass), f"{cfg.name}: no {op} in SASS"
+    # ptxas serializes wgmma when other code touches its accumulators in flight
+    assert "C7514" not in c.log, f"{cfg.name}: wgmma serialized"
     assert not re.search(r"\b(LDL|STL)\b", sass), f"{cfg.name}: local memory in SASS"
 
 

@@ -175,3 +175,48 @@ def test_generated_specs_match_reference(d, M, data, record):
         return   # refused with its reason (tests/runtime/test_compiler.py)
     cfg = data.draw(st.sampled_from(cands), label="config")
     run_check(spec, cfg, M, N, K, seed=data.draw(st.integers(0, 2**31)), record=record)
+
+
+WGMMA_SPECS = [n for n in MATMUL_SPECS if n != "awq_w4a16_g128"]   # K-major weights
+
+
+def wgmma_configs(spec, arch, M, N, K):
+    return [c for c in planner.candidates(spec, arch, M, N, K) if c.wgmma]
+
+
+@pytest.mark.parametrize("name", WGMMA_SPECS)
+@pytest.mark.parametrize("M,N,K", [(70, 264, 1152), (200, 4096, 4096)])
+def test_wgmma_matches_reference(name, M, N, K, record):
+    """Every wgmma tile shape (sm_90a) at an odd M and at N not a multiple of
+    the tile (tails), one stage count and split each, against the reference."""
+    from opgen.runtime.device import current_arch
+    arch = current_arch()
+    spec = load_spec(shipped_specs()[name])
+    cands = wgmma_configs(spec, arch, M, N, K)
+    if not cands:
+        pytest.skip(f"no wgmma on {arch}")
+    from opgen.runtime.compiler import compile_many
+    seen = {}
+    for c in cands:     # one per (tile, split)
+        seen.setdefault((c.BM, c.BN, c.WN, c.split_k), c)
+    for _ in compile_many({(spec, c, arch) for c in seen.values()}):
+        pass
+    for i, cfg in enumerate(seen.values()):
+        run_check(spec, cfg, M, N, K, seed=i, record=record)
+
+
+@pytest.mark.parametrize("name", ["gptq_v2_w4a16_g128", "w4a16_sym_g128", "bnb_nf4", "w8a8_int8"])
+@pytest.mark.parametrize("M", [1, 5, 70])
+def test_every_candidate(name, M, record):
+    """Every configuration the tuner may time, at a small odd shape: a config
+    that faults would otherwise take a whole tuning run down."""
+    from opgen.runtime.compiler import compile_many
+    from opgen.runtime.device import current_arch
+    arch = current_arch()
+    spec = load_spec(shipped_specs()[name])
+    N, K = 264, 1024
+    cands = planner.candidates(spec, arch, M, N, K)
+    for _ in compile_many({(spec, c, arch) for c in cands}):
+        pass
+    for i, cfg in enumerate(cands):
+        run_check(spec, cfg, M, N, K, seed=i, record=record)

@@ -1,0 +1,66 @@
+"""Every planner candidate of one spec at one shape: verify, then time.
+
+    python3 bench/sweep.py SPEC --N 8192 --K 8192 --M 1,64 [--only gemm] [--budget-ms 5]
+
+Prints one line per config *before* launching it (flushed), so when a kernel
+faults and takes the CUDA context down, the last line names the culprit; then
+its relative error against the reference and its median time (the tuner's
+timer and rotating buffers). A JSON line per config goes to --out if given.
+This is the tuner's loop without the early drop, for finding faults and for
+reading the whole landscape of configs rather than only the winner.
+"""
+import argparse
+import json
+import sys
+
+from opgen.codegen import planner
+from opgen.codegen.validate import load_spec, resolve_spec
+from opgen.runtime import tuner
+from opgen.runtime.compiler import compile_many
+from opgen.runtime.device import current_arch
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("spec")
+    p.add_argument("--N", type=int, required=True)
+    p.add_argument("--K", type=int, required=True)
+    p.add_argument("--M", default="1")
+    p.add_argument("--only", choices=["gemm", "gemv", "wgmma"], help="one kernel family")
+    p.add_argument("--budget-ms", type=float, default=5.0)
+    p.add_argument("--out", help="append JSON lines here")
+    args = p.parse_args(argv)
+    spec = load_spec(resolve_spec(args.spec))
+    arch = current_arch()
+    Ms = [int(m) for m in args.M.split(",")]
+    def wanted(c):
+        return args.only in (None, c.family) or (args.only == "wgmma" and c.wgmma)
+    per_M = {M: [c for c in planner.candidates(spec, arch, M, args.N, args.K) if wanted(c)]
+             for M in Ms}
+    jobs = {(spec, c, arch) for cs in per_M.values() for c in cs}
+    bad = {job[1]: why for job, why in compile_many(jobs) if why}
+    tol = tuner.tolerance(spec)
+    out = open(args.out, "a") if args.out else None
+    for M, cfgs in per_M.items():
+        bench = tuner._make_bench(spec, arch, args.N, args.K, M, seed=0)
+        heur = planner.heuristic(spec, arch, M, args.N, args.K)
+        for cfg in cfgs:
+            print(f"{spec.name} M={M} {cfg.name} ...", end=" ", flush=True)
+            if cfg in bad:
+                print("compile failed:", bad[cfg], flush=True)
+                continue
+            ok, err, why = bench.verify(cfg, tol)
+            t = bench.time(cfg, budget_ms=args.budget_ms, drop_ratio=1e9) if ok else None
+            us = t.median_us if t else None
+            mark = " (heuristic)" if cfg == heur else ""
+            print(f"err {err:.1e} " + (f"{us:.2f} us{mark}" if ok else f"FAILED: {why}"), flush=True)
+            if out:
+                out.write(json.dumps(dict(spec=spec.name, M=M, N=args.N, K=args.K, config=cfg.name,
+                                          heuristic=cfg == heur, ok=ok, rel_err=err, us=us)) + "\n")
+                out.flush()
+        bench.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
