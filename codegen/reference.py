@@ -130,8 +130,7 @@ def _pack(fields: np.ndarray, axis: int, bits: int, pack: Pack) -> np.ndarray:
         raise ValueError(f"packed axis of length {f.shape[-1]} is not a multiple of P={P}")
     # uint32 arithmetic (containers are at most 32 bits): two's complement
     # fields keep their low `bits` bits under the mask.
-    f = (f.astype(np.int64 if f.dtype.kind == "i" else np.uint64).astype(np.uint32)
-         & np.uint32((1 << bits) - 1)).reshape(*f.shape[:-1], -1, P)
+    f = (f.astype(np.uint32) & np.uint32((1 << bits) - 1)).reshape(*f.shape[:-1], -1, P)
     word = np.zeros(f.shape[:-1], dtype=np.uint32)
     for i, src in enumerate(order):
         word |= f[..., src] << np.uint32(bits * i)
@@ -536,7 +535,9 @@ def random_codes(spec: SpecLike, N: int, K: int, rng: np.random.Generator) -> np
             return _values_to_raw(w, vals)
         finite = np.flatnonzero(np.isfinite(nx.from_storage(np.arange(256), w.dtype)))
         return rng.choice(finite, size=(N, K)).astype(np.int64)
-    return rng.integers(0, _n_raw_codes(w), size=(N, K), dtype=np.int64)
+    n = _n_raw_codes(w)
+    # drawn as bytes when they fit (several times faster at LLM sizes)
+    return rng.integers(0, n, size=(N, K), dtype=np.uint8 if n <= 256 else np.int64).astype(np.int64)
 
 
 def _random_zero(w: Weight, s_eff: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -738,13 +739,16 @@ def _int_matmul(spec: Spec, a: np.ndarray, a_scale, tensors: dict, N: int, K: in
 
 def reference_matmul_f32(spec: Spec, a: np.ndarray, tensors: dict,
                          a_scale: Optional[np.ndarray] = None,
-                         bias: Optional[np.ndarray] = None) -> np.ndarray:
+                         bias: Optional[np.ndarray] = None,
+                         w_real: Optional[np.ndarray] = None) -> np.ndarray:
     """act(a_real @ W^T + bias) computed in float64, rounded once to float32.
 
     a: stored activation [M, K] (see activation_to_float); tensors: stored
     weight tensors; bias: [N], required iff spec.epilogue.bias, in the out
     dtype's storage (float16 / bfloat16 bits as np.uint16 / float32) - or any
     float array of real values (the numpy dtype tells bits from values).
+    w_real: dequantize(spec, tensors, N, K) when the caller already has it
+    (it takes seconds at LLM sizes; tests reuse one weight for many checks).
     """
     if spec.op != "matmul":
         raise ValueError(f"spec {spec.name!r} is op {spec.op}, not a matmul")
@@ -756,7 +760,8 @@ def reference_matmul_f32(spec: Spec, a: np.ndarray, tensors: dict,
         acc = _int_matmul(spec, a, a_scale, tensors, N, K)
     else:
         a_real = activation_to_float(spec, a, a_scale).astype(np.float64)
-        acc = a_real @ dequantize(w, tensors, N, K).astype(np.float64).T
+        W = dequantize(w, tensors, N, K) if w_real is None else w_real
+        acc = a_real @ np.asarray(W, dtype=np.float64).T
     if spec.epilogue.bias:
         if bias is None:
             raise ValueError(f"spec {spec.name!r} has a bias: pass bias=")

@@ -146,7 +146,8 @@ def markdown(results: dict) -> str:
                   "opgen's quantize kernel + GEMM with both scales fused (`opgen.runtime.op."
                   "load_linear`), against the unfused BMINF pipeline (per-row quantize in torch "
                   "ops, `torch._int_mm`, scaling); the GEMM column is opgen on pre-quantized "
-                  "activations.", "", lin]
+                  "activations. `torch._int_mm` needs M > 16, so below that it (and BMINF) run "
+                  "on 17 rows, the padding a caller must add.", "", lin]
     if results.get("peer_rows"):
         lines += ["", "## Peers", "", peers_table(results["peer_rows"],
                                                   results.get("peers") or PEERS)]

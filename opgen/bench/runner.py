@@ -271,8 +271,9 @@ class _Gpu:
             "tinygemm_int4": (tinygemm_w,
                               lambda M: (randn(M, K, dtype=bf16),),
                               lambda act, w: torch._weight_int4pack_mm(act[0], w[0], 128, w[1])),
+            # torch._int_mm needs M > 16: a caller pads smaller batches to 17 rows.
             "int_mm": (lambda: (randi8(N, K),),
-                       lambda M: (randi8(M, K),),
+                       lambda M: (randi8(max(M, 17), K),),
                        lambda act, w: torch._int_mm(act[0], w[0].t())),
             "scaled_mm": (lambda: (randn(N, K, dtype=f8),
                                    torch.ones(1, N, dtype=torch.float32, device=dev)),
@@ -282,7 +283,7 @@ class _Gpu:
                                                           scale_b=w[1], out_dtype=bf16)),
             "bminf_w8a8": (lambda: (randi8(N, K),
                                     torch.rand(N, dtype=torch.float32, device=dev) / 64 + 1e-3),
-                           lambda M: (randn(M, K, dtype=f16),),
+                           lambda M: (randn(max(M, 17), K, dtype=f16),),   # as int_mm
                            bminf),
         }
 

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from opgen.codegen import planner
-from opgen.codegen.reference import (random_activation, random_bias, random_weight_tensors,
-                                     reference_matmul_f32)
+from opgen.codegen.reference import (dequantize, random_activation, random_bias,
+                                     random_weight_tensors, reference_matmul_f32)
 from opgen.codegen.validate import load_spec, shipped_specs
 from strategies import runnable_shape, valid_spec_dicts
 
@@ -32,11 +32,13 @@ def tolerance(spec) -> float:
         if spec.a.dtype != "bfloat16" else 1.5e-2
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=48)
 def weights(spec, N, K):
-    """Random weights per (spec, shape), shared by the M values of one shape
-    (drawing a large one in numpy costs seconds; all of them fit in host memory)."""
-    return random_weight_tensors(spec, N, K, np.random.default_rng(N * 7 + K))
+    """Random weights per (spec, shape) and their dequantized float32 value,
+    shared by the M values of one shape (each costs seconds in numpy; all of
+    them together fit in host memory, ~7 GB)."""
+    t = random_weight_tensors(spec, N, K, np.random.default_rng(N * 7 + K))
+    return t, dequantize(spec, t, N, K)
 
 
 # NaN bit patterns the output is filled with before each launch.
@@ -49,10 +51,10 @@ def run_check(spec, cfg, M, N, K, seed, record=None):
     from opgen.runtime.kernel import Kernel
 
     rng = np.random.default_rng(seed)
-    tensors = weights(spec, N, K)
+    tensors, w_real = weights(spec, N, K)
     a, a_scale = random_activation(spec, M, K, rng)   # fresh every check
     bias = random_bias(spec, N, rng) if spec.epilogue.bias else None
-    ref = reference_matmul_f32(spec, a, tensors, a_scale=a_scale, bias=bias)
+    ref = reference_matmul_f32(spec, a, tensors, a_scale=a_scale, bias=bias, w_real=w_real)
     kern = Kernel(spec, cfg)
     bits_t, nan = POISON[spec.out.dtype]
     out = cp.full((M, N), nan, dtype=bits_t)
