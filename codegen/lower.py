@@ -228,6 +228,7 @@ class Decode:
     magic_hex: str = ""
     sub2_hex: str = ""
     sign_flip_hex: str = ""   # XOR applied to each word first (two's complement codes)
+    sub_value: int = 0        # magic: magic_base + code bias (+ const zero), what one subtract removes
 
 
 def _h(x: int) -> str:
@@ -254,7 +255,7 @@ def decode_plan(lay: Layout, num: Numerics) -> Decode:
             for p in range(32 // bits):
                 sign |= 1 << (p * bits + bits - 1)
         return Decode("magic", mask, True, base, _h(mask | mask << 16), _h(magic | magic << 16),
-                      f"0x{magic:04X}", _h(sub | sub << 16), _h(sign) if sign else "")
+                      f"0x{magic:04X}", _h(sub | sub << 16), _h(sign) if sign else "", base + bias)
     if kind == "fp4" and f16:
         return Decode("fp4", mask, False)
     if kind == "fp8e5m2" and f16:
@@ -274,3 +275,72 @@ def _f16_bits(v: float) -> int:
 def _bf16_bits(v: float) -> int:
     import numpy as np
     return int(np.array(v, np.float32).view(np.uint32)) >> 16
+
+
+# --- GEMV: how one decoded vector meets the activations -----------------------
+
+# fp16x2 products summed per accumulator lane before the fp32 flush: bounds the
+# rounding drift and the overflow risk to what the v0 row GEMV accepted.
+MAC_RUN = 16
+
+
+@dataclass(frozen=True)
+class Mac:
+    """The GEMV inner product of one vector, as fp16x2 FMAs on its decoded pairs.
+
+    Pair p (elements ia, ib) multiplies the activation pair (a[k0 + dk_a],
+    a[k0 + dk_b]) into accumulator `slot`, an fp16x2 whose lanes belong to
+    output columns slots[slot] = (dn_a, dn_b): a GPTQ pair (k, k+4) of one
+    column sums into both lanes of that column, an AWQ pair (n, n+1) of one k
+    keeps its columns apart. No activation shuffle of the weights is needed."""
+    slots: Tuple[Tuple[int, int], ...]
+    apairs: Tuple[Tuple[int, int], ...]            # distinct activation pairs (dk_a, dk_b)
+    terms: Tuple[Tuple[int, int, int], ...]        # (pair, slot, activation pair)
+    flush: int                                     # vectors between fp32 flushes
+
+
+@functools.lru_cache(maxsize=None)
+def gemv_mac(vec: Vector) -> Mac:
+    slots, apairs, terms, count = [], [], [], {}
+    for p, pr in enumerate(vec.pairs):
+        cols = (vec.dn[pr.ia], vec.dn[pr.ib])
+        # A slot takes at most MAC_RUN terms per vector; more open a second one.
+        c = count.get(cols, 0)
+        count[cols] = c + 1
+        key = (cols, c // MAC_RUN)
+        if key not in slots:
+            slots.append(key)
+        # Each distinct activation pair is built once per vector (one PRMT at most).
+        ap = (vec.dk[pr.ia], vec.dk[pr.ib])
+        if ap not in apairs:
+            apairs.append(ap)
+        terms.append((p, slots.index(key), apairs.index(ap)))
+    per_vec = max(sum(1 for t in terms if t[1] == s) for s in range(len(slots)))
+    return Mac(tuple(k[0] for k in slots), tuple(apairs), tuple(terms), max(1, MAC_RUN // per_vec))
+
+
+def magic_split(dec: "Decode", shift: int, f16: bool) -> Tuple[int, int]:
+    """Magic decode of the code pair at bit `shift`: (t, u) such that the codes
+    are masked straight out of `w >> t` at mantissa bit u, value 2^u * code.
+    Shifting only by multiples of 8 lets one shifted word serve several pairs
+    (4-bit codes: w and w >> 8 for all four pairs); the 2^-u comes back in the
+    HFMA2 that removes the magic number."""
+    mant = 10 if f16 else 7
+    u = shift % 8
+    if u and (dec.mask << u) >= (1 << mant):
+        return shift, 0
+    return shift - u, u
+
+
+def fold_zero(num: Numerics, dec: "Decode", zero_bits: int) -> bool:
+    """Integer zero points can join the magic-number constant (one HFMA2 for
+    code - magic - z) when magic/2^u + bias + z stays an exactly representable
+    integer for every zero code: |x| <= 2048 (fp16) or 256 (bf16)."""
+    if dec.method != "magic" or num.zero_kind != "int" or num.formula != "(q - z) * s":
+        return False
+    signed = (num.zero_dtype or "").startswith("int")
+    lo = -(1 << (zero_bits - 1)) if signed else 0
+    hi = (1 << (zero_bits - 1)) - 1 if signed else (1 << zero_bits) - 1
+    bias = dec.sub_value - dec.magic_base
+    limit = 2048 if num.compute_t == "half" else 256
+    return all(abs(dec.magic_base + bias + num.zero_offset + z) <= limit for z in (lo, hi))

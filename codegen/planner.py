@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Dict, List, Optional, Tuple
 
 from . import hw
-from .lower import Layout, Numerics, Vector, decode_plan, numerics, vector, weight_layout
+from .lower import (MAC_RUN, Layout, Numerics, Vector, decode_plan, gemv_mac, numerics, vector,
+                    weight_layout)
 from .errors import UserError
 from .spec import Spec
 
@@ -241,10 +242,29 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     if scheme == "col" and vec.ncols % 2:
         raise PlanError("the column GEMV stores output pairs: a weight vector must span an even "
                         "number of columns n")
-    if scheme == "col" and (cfg.mmax * vec.ncols > 64 or vec.n_extent > 8):
+    # 16+ columns per lane (AWQ 8/16-byte vectors) take 240+ registers even at mmax 1.
+    if scheme == "col" and (cfg.mmax * vec.n_extent > 64 or vec.n_extent > 8):
         raise PlanError("too many accumulators per thread (mmax x vector width)")
     return dict(threads=cfg.warps * 32, scheme=scheme, vec=vec, dec=decode_plan(lay, num),
-                smem=0)
+                smem=0, run=gemv_run(cfg, num, vec, scheme), num_group=num.group, mac=gemv_mac(vec), mac_run=MAC_RUN)
+
+
+# Bytes of weights each GEMV thread keeps in flight: 8 x 16-byte loads. At the
+# ~16 resident warps per SM a one-wave grid gives, that is 64 KB per SM, about
+# twice what Little's law asks of HBM3e (4.3 TB/s x ~1 us / 132 SMs).
+GEMV_BYTES_IN_FLIGHT = 128
+
+
+def gemv_run(cfg: Config, num: Numerics, vec: Vector, scheme: str) -> int:
+    """Vectors per thread per step (loaded together before any is decoded).
+    Column scheme: consecutive rows inside one scale group, so the run shares
+    one scale / zero load."""
+    # mmax >= 4 keeps 4x the accumulators: half the run (gptq at mmax 4 spilled).
+    run = max(1, GEMV_BYTES_IN_FLIGHT // cfg.vbytes // (2 if cfg.mmax >= 4 else 1))
+    if scheme == "col" and num.group:
+        while run > 1 and (num.group // vec.k_extent) % run:
+            run //= 2
+    return run
 
 
 def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
@@ -252,7 +272,10 @@ def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
         vec = g["vec"]
         if g["scheme"] == "row":
             return K % (vec.k_extent * cfg.split_k) == 0
-        return N % vec.n_extent == 0 and K % (vec.k_extent * cfg.split_k) == 0
+        if N % vec.n_extent or K % (vec.k_extent * cfg.split_k):
+            return False
+        # Runs stay inside one scale group only if every slice starts a group's run.
+        return not g["num_group"] or (K // cfg.split_k) % (g["run"] * vec.k_extent) == 0
     return True
 
 
@@ -272,6 +295,9 @@ WGMMA_TILES = [(64, 128, 128), (64, 256, 256), (64, 256, 128), (128, 128, 128),
                (128, 256, 256), (128, 128, 64)]
 STAGES = (3, 4, 5)
 SPLITS = (1, 2, 4, 8)
+# GEMV column blocks are 32 vectors wide (512-1024 columns for AWQ): narrow N
+# needs deeper split-K to fill the SMs.
+GEMV_SPLITS = (1, 2, 4, 8, 16)
 
 
 def all_configs() -> List[Config]:
@@ -290,7 +316,7 @@ def all_configs() -> List[Config]:
     for mmax in (1, 2, 4, 8):
         for warps in (4, 8):
             for vb in (16, 8, 4):
-                for sk in SPLITS:
+                for sk in GEMV_SPLITS:
                     out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax))
     return out
 
@@ -349,16 +375,33 @@ def blocks(spec: Spec, cfg: Config, M: int, N: int) -> int:
     return x * y * z
 
 
+def gemv_fill(spec: Spec, cfg: Config, M: int, N: int, K: int) -> Tuple[int, int]:
+    """(resident-worthy warps of one launch, warps of a block left without a
+    run of rows): the GEMV streams at copy speed only with ~12+ warps of
+    8 loads in flight on every SM."""
+    lay = weight_layout(spec)
+    vec = vector(lay, cfg.vbytes)
+    warps = blocks(spec, cfg, M, N) * cfg.warps
+    if lay.row_axis == "n":
+        return warps, 0
+    num = numerics(spec)
+    runs = (K // cfg.split_k) // vec.k_extent // gemv_run(cfg, num, vec, "col")
+    return warps, max(0, cfg.warps - runs)
+
+
 def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> Config:
-    """A reasonable pick without tuning: for decode (M <= 4) the GEMV with two
-    waves of blocks, the widest loads and the fewest split-K slices; else the
-    GEMM tile with the least padding of M, as tall as that allows, 128 wide,
-    split-K only when the tiles alone leave more than half the SMs idle."""
+    """A reasonable pick without tuning: for decode (M <= 4) the GEMV whose
+    grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
+    then the widest loads and the fewest split-K slices; else the GEMM tile with the least
+    padding of M, as tall as that allows, 128 wide, split-K only when the
+    tiles alone leave more than half the SMs idle."""
     cands = candidates(spec, arch, M, N, K, sms)
     gemv = [c for c in cands if c.family == "gemv"]
     if M <= 4 and gemv:
-        return min(gemv, key=lambda c: (blocks(spec, c, M, N) < 2 * sms, -c.vbytes,
-                                        c.warps != 4, c.split_k))
+        def gscore(c: Config):
+            warps, idle = gemv_fill(spec, c, M, N, K)
+            return (-min(warps, 12 * sms), idle > 0, -c.vbytes, c.split_k, c.warps != 8)
+        return min(gemv, key=gscore)
 
     # Measured on the H200 (bench/NOTES.md): wgmma wins above M = 64 (from
     # M = 33 when the weights need no decode); mma.sync below.
@@ -370,12 +413,17 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
         cands = [c for c in cands if not c.wgmma] or cands
     wide = 256 if M >= 1024 else 128
 
+    # Enough blocks: up to M = 64 (memory-bound) about two per SM, split-K
+    # until there (sweep 1: 256 blocks beat 128 and 512); above, split-K only
+    # when the tiles leave half the SMs idle.
+    want_blocks = 15 * sms // 8 if M <= 64 else sms // 2
+
     def score(c: Config):
-        # Split-K only pays when the tiles fill less than half the SMs; tall
-        # tiles beat wide ones; 128 wide, 256 for large M with wgmma.
+        # Then: least padding of M, tall tiles, 128 wide (256 for large M with
+        # wgmma), the fewest split-K slices (sweeps in bench/results/h200/sweeps).
         if c.family != "gemm":
             return (True, 9.0, 0, True, 0, True, True)
         waste = (-(-M // c.BM) * c.BM) / M
-        return (blocks(spec, c, M, N) < sms // 2, round(waste, 1), -c.BM,
+        return (blocks(spec, c, M, N) < want_blocks, round(waste, 1), -c.BM,
                 c.BN != (wide if c.wgmma else 128), c.split_k, c.stages != 4, c.min_blocks != 1)
     return min(cands, key=score)

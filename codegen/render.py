@@ -7,7 +7,7 @@ from importlib import resources
 import jinja2
 
 from . import hw, planner
-from .lower import decode_plan, numerics, weight_layout
+from .lower import decode_plan, fold_zero, magic_split, numerics, weight_layout
 from .spec import WEIGHT_CODES, Spec
 
 TEMPLATES = {"gemm": "gemm.cu.j2", "gemv": "gemv.cu.j2", "quantize": "quantize.cu.j2"}
@@ -47,16 +47,29 @@ def _zero_context(num) -> dict:
                 zero_inv_packed=sum(f << (6 * j) for j, f in enumerate(inv)) if len(inv) <= 10 else 0)
 
 
+def _magic_pair(dec, f16: bool, shift: int) -> dict:
+    """The magic decode of the code pair at bit `shift` (see lower.magic_split):
+    source shift t, mask at mantissa bit u, and x = h * scale - off."""
+    t, u = magic_split(dec, shift, f16)
+    mask2 = (dec.mask | dec.mask << 16) << u
+    return dict(t=t, u=u, mask2_hex=f"0x{mask2:08X}", scale=repr(2.0 ** -u),
+                off=repr(dec.magic_base / 2 ** u + dec.sub_value - dec.magic_base))
+
+
 def render(spec: Spec, cfg: planner.Config, arch: str) -> tuple[str, dict]:
     """CUDA source and the launch geometry (dict from planner.geometry)."""
     g = planner.geometry(spec, cfg, arch)
     num = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma)
     lay = weight_layout(spec)
+    dec = decode_plan(lay, num)
+    zc = _zero_context(num)
     ctx = dict(
         spec_name=spec.name, kernel_name=kernel_name(spec, cfg), c=cfg, g=g, num=num, lay=lay,
-        dec=decode_plan(lay, num), vec=g.get("vec"),
+        dec=dec, vec=g.get("vec"),
         epi_wscale=num.dense and num.scale_gran is not None,
-        **_zero_context(num),
+        magic_pair=functools.partial(_magic_pair, dec, num.compute_t == "half"),
+        zero_fold=fold_zero(num, dec, zc["zero_bits"]),
+        **zc,
     )
     src = _env().get_template(TEMPLATES[cfg.family]).render(**ctx)
     return src, g

@@ -58,6 +58,25 @@ constexpr int LOP_AND_OR = (0xF0 & 0xCC) | 0xAA;
 // ld.global.nc.v4: 16-byte read-only load (weights, scales are never written).
 DEV uint4 ldg16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
+// ld.global.nc.L1::no_allocate.v4/v2/b32: weights read exactly once (GEMV
+// stream) skip L1, leaving it to the activations, scales and zero points.
+DEV uint4 ldg16_stream(const void* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+DEV uint2 ldg8_stream(const void* p) {
+  uint2 r;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+DEV uint32_t ldg4_stream(const void* p) {
+  uint32_t r;
+  asm("ld.global.nc.L1::no_allocate.b32 %0, [%1];\n" : "=r"(r) : "l"(p));
+  return r;
+}
+
 // Warp-wide sum through shfl.sync.bfly.
 DEV float warp_sum(float v) {
 #pragma unroll
