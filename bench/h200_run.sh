@@ -12,7 +12,7 @@ python3 -m pip install --no-deps --no-build-isolation -q -e . > /tmp/opgen_insta
 # 1. correctness (the results file is rewritten after every check)
 # (most important first: pytest runs the node ids in the order given)
 K=tests/runtime/test_kernels_gpu.py
-OPGEN_RESULTS="$OUT/gpu_correctness.json" timeout "${T_TEST:-210}" python3 -m pytest -q -p no:cacheprovider \
+OPGEN_RESULTS="$OUT/gpu_correctness.json" timeout -s INT -k 15 "${T_TEST:-210}" python3 -m pytest -q -p no:cacheprovider \
   $K::test_spec_matches_reference $K::test_wgmma_matches_reference $K::test_every_candidate \
   tests/runtime/test_op_gpu.py tests/runtime/test_tuner_gpu.py $K::test_odd_shapes \
   $K::test_fp8_activation_fallback $K::test_generated_specs_match_reference \
@@ -28,6 +28,6 @@ timeout "${T_BENCH:-120}" python3 -m opgen.bench --quick --db /tmp/opgen_tuned.j
   > /tmp/opgen_bench.txt 2>&1; tail -5 /tmp/opgen_bench.txt
 grep -A40 -i "target" "$OUT/bench.md" | head -40
 # 4. PyTorch integration on the GPU (QuantLinear, torch.compile, CUDA graphs), appended
-timeout "${T_TORCH:-60}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/package/test_torch.py \
+timeout -s INT -k 15 "${T_TORCH:-60}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/package/test_torch.py \
   >> "$OUT/pytest_gpu.txt" 2>&1
 tail -3 "$OUT/pytest_gpu.txt"
