@@ -1,13 +1,17 @@
 """NVRTC compilation (through cupy.cuda.nvrtc, no GPU needed) and the on-disk
 cubin cache.
 
-The cache key covers everything that changes the binary: the rendered source,
-the NVRTC options, the arch, the NVRTC version and the opgen version. Writes
-are atomic (temp file + os.replace), so a crash or a concurrent compile never
+The cache key covers everything that changes the binary: what the source is
+rendered from (the spec, the config, the arch, and a fingerprint of the
+codegen modules and templates), the NVRTC options, the NVRTC version and the
+opgen version. So a cache hit needs no rendering: loading a tuned kernel in a
+new process costs a file read, not a Jinja template compile. Writes are
+atomic (temp file + os.replace), so a crash or a concurrent compile never
 leaves a truncated cubin behind.
 """
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import os
@@ -49,11 +53,13 @@ def _nvrtc():
     return nvrtc
 
 
+@functools.lru_cache(maxsize=1)
 def nvrtc_version() -> str:
     major, minor = _nvrtc().getVersion()
     return f"{major}.{minor}"
 
 
+@functools.lru_cache(maxsize=1)
 def cuda_include_dirs() -> List[str]:
     """Directories holding cuda_fp16.h / cuda_fp8.h: the pip CUDA runtime
     headers first, then a toolkit install."""
@@ -121,22 +127,39 @@ def nvrtc_compile(source: str, name: str, arch: str) -> tuple[bytes, str]:
     return bytes(cubin), log
 
 
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """Hash of every file the CUDA source is generated from: the codegen
+    modules and the templates (and the Jinja version that renders them)."""
+    import jinja2
+    from importlib import resources
+    h = hashlib.sha256(jinja2.__version__.encode())
+    for pkg in ("opgen.codegen", "opgen.templates"):
+        for f in sorted(resources.files(pkg).iterdir(), key=lambda f: f.name):
+            if f.is_file() and not f.name.endswith(".pyc"):
+                h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
 def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
                    use_cache: bool = True) -> Compiled:
     """Render + compile (or take from the cache); cfg is None for op quantize."""
+    source = None
     if spec.op == "quantize":
         source, geometry = render.render_quantize(spec, arch)
         name = geometry["name"]
     else:
-        source, geometry = render.render(spec, cfg, arch)
-        name = render.kernel_name(spec, cfg)
+        name, geometry = render.kernel_name(spec, cfg), planner.geometry(spec, cfg, arch)
     target = geometry.get("target", arch)     # e.g. sm_90a for wgmma kernels
     key = hashlib.sha256("\0".join(
-        [source, " ".join(options(target)), arch, nvrtc_version(), __version__]).encode()).hexdigest()[:32]
+        [code_fingerprint(), repr(spec), repr(cfg), arch, " ".join(options(target)),
+         nvrtc_version(), __version__]).encode()).hexdigest()[:32]
     path = cache_dir() / f"{name}-{arch}-{key}.cubin"
-    log_path = path.with_suffix(".log")
-    if use_cache and path.exists() and log_path.exists():
-        return Compiled(path.read_bytes(), name, source, log_path.read_text(), geometry, arch)
+    log_path, src_path = path.with_suffix(".log"), path.with_suffix(".cu")
+    if use_cache and path.exists() and log_path.exists() and src_path.exists():
+        return Compiled(path.read_bytes(), name, src_path.read_text(), log_path.read_text(), geometry, arch)
+    if source is None:
+        source, _ = render.render(spec, cfg, arch)
     cubin, log = nvrtc_compile(source, name, target)
     res = parse_ptxas(log)
     if res.get("spill_bytes", 0) > 0 or res.get("stack", 0) > 0:
@@ -144,7 +167,9 @@ def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
         # but not a correctness problem: keep the kernel, flag it in the log.
         log += "\nopgen: warning: local memory in use\n"
     if use_cache:
+        # The cubin last: its presence (with the others) marks a complete entry.
         _atomic_write(log_path, log.encode())
+        _atomic_write(src_path, source.encode())
         _atomic_write(path, cubin)
     return Compiled(cubin, name, source, log, geometry, arch)
 

@@ -534,13 +534,16 @@ def add_cli(subparsers) -> None:
 def _cli_tune(args) -> int:
     from opgen.codegen.validate import load_spec, resolve_spec
     spec = load_spec(resolve_spec(args.spec))
+    t0 = time.perf_counter()
     res = tune(spec, args.N, args.K, Ms=args.M, db=args.db, workers=args.workers,
                repeats=args.repeats, progress=not args.quiet, budget_ms=args.budget_ms)
+    elapsed = time.perf_counter() - t0
     rows = [[b, r["M"], r.get("config_name", ""), r["median_us"], r.get("heuristic_us"),
              speedup(r)] for b, r in res.items()]
     print(format_table(["bucket", "M", "best config", "us", "heuristic us", "speedup"], rows))
     db = args.db or TuningDB().path
     print(f"\nstored {len(res)} record(s) under {res.key} in {db}")
+    print(f"tuned {len(res)} bucket(s) in {elapsed:.1f} s (compile + timing + verification)")
     if res.compile_failed:
         print(f"{len(res.compile_failed)} config(s) did not compile")
     if res.launch_failed:

@@ -291,8 +291,10 @@ def test_gpu_torch_compile(spec):
         for M in (1, 16, 37):
             x = torch.randn(M, 256, device="cuda").half()
             eager, comp = model(x), compiled(x)
-            # Inductor may fuse the activation quantization differently: one int8 step
-            tol = 2e-2 if spec == "w8a8_int8" else 1e-3
+            # Inductor may fuse the activation quantization differently: one int8
+            # step; fp16: both paths round the hidden layer and the output to
+            # fp16 (2^-11 each) at different points, as the kernel tests allow.
+            tol = 2e-2 if spec == "w8a8_int8" else 2e-3
             assert rel_err(comp, eager) <= tol
 
 

@@ -114,3 +114,23 @@ def test_cold_compile_under_2s_and_warm_under_50ms(tmp_path, monkeypatch):
     warm = time.perf_counter() - t0
     assert cold < 2.0, f"cold compile {cold:.2f} s"
     assert warm < 0.05, f"warm (cached) {warm * 1e3:.1f} ms"
+
+
+def test_cache_hit_renders_nothing(tmp_path, monkeypatch):
+    """A cached kernel loads without rendering (no Jinja compile in a new
+    process), and any edit of a template or codegen module changes the key."""
+    from opgen.codegen import render
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
+    s = spec("gptq_v2_w4a16_g128")
+    cfg = planner.heuristic(s, "sm_90", 1, 4096, 4096)
+    first = compiler.compile_kernel(s, cfg, "sm_90")
+
+    def boom(*a, **k):
+        raise AssertionError("rendered on a cache hit")
+    monkeypatch.setattr(render, "render", boom)
+    again = compiler.compile_kernel(s, cfg, "sm_90")
+    assert again.cubin == first.cubin and again.source == first.source
+    assert again.geometry == first.geometry
+    monkeypatch.setattr(compiler, "code_fingerprint", lambda: "a template changed")
+    with pytest.raises(AssertionError, match="rendered on a cache hit"):
+        compiler.compile_kernel(s, cfg, "sm_90")
