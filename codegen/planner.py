@@ -424,6 +424,10 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
         if c.family != "gemm":
             return (True, 9.0, 0, True, 0, True, True)
         waste = (-(-M // c.BM) * c.BM) / M
-        return (blocks(spec, c, M, N) < want_blocks, round(waste, 1), -c.BM,
-                c.BN != (wide if c.wgmma else 128), c.split_k, c.stages != 4, c.min_blocks != 1)
+        # wgmma on dense operands keeps a group in flight: it wants the whole K
+        # and deep pipelines (sweep 3, w8a8 M=64: p5 s1 34 us, p4 s4 54 us).
+        deep = dense and c.wgmma
+        return (blocks(spec, c, M, N) < want_blocks and not deep, round(waste, 1), -c.BM,
+                c.BN != (wide if c.wgmma else 128), c.split_k, -c.stages if deep else c.stages != 4,
+                c.min_blocks != 1)
     return min(cands, key=score)
