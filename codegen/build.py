@@ -60,7 +60,8 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
         c = compile_kernel(spec, cfg, arch)
         written += _write(out, cfg.name, c)
         kernels[cfg.name] = dict(
-            entry=c.name, source=f"{cfg.name}.cu", cubin=f"{cfg.name}.{arch}.cubin",
+            entry=c.name, source=f"{cfg.name}.cu", cubin=f"{cfg.name}.{_target(c)}.cubin",
+            target=_target(c),   # sm_90a cubins (wgmma) run on compute capability 9.0 only
             config=cfg.to_dict(), block=[c.geometry["threads"], 1, 1],
             dynamic_smem=c.geometry.get("smem", 0), grid=_grid_rule(cfg, c.geometry),
             ptxas=c.resources)
@@ -75,9 +76,14 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
     return written + [p]
 
 
+def _target(c) -> str:
+    """The NVRTC target a kernel was compiled for (sm_90a for wgmma kernels)."""
+    return c.geometry.get("target", c.arch)
+
+
 def _write(out: Path, stem: str, c) -> List[Path]:
     """The generated source and its cubin, side by side."""
-    cu, cb = out / f"{stem}.cu", out / f"{stem}.{c.arch}.cubin"
+    cu, cb = out / f"{stem}.cu", out / f"{stem}.{_target(c)}.cubin"
     cu.write_text(c.source)
     cb.write_bytes(c.cubin)
     return [cu, cb]
