@@ -392,9 +392,11 @@ def gemv_fill(spec: Spec, cfg: Config, M: int, N: int, K: int) -> Tuple[int, int
 def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> Config:
     """A reasonable pick without tuning: for decode (M <= 4) the GEMV whose
     grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
-    then the widest loads and the fewest split-K slices; else the GEMM tile with the least
-    padding of M, as tall as that allows, 128 wide, split-K only when the
-    tiles alone leave more than half the SMs idle."""
+    then the widest loads and the fewest split-K slices; else a GEMM (wgmma on
+    sm_90 above M = 64, or 32 for dense operands) with enough blocks (split-K
+    up to ~2 per SM for M <= 64), the least padding of M, as tall and 128 (256
+    for M >= 1024 with wgmma) wide, the fewest split-K slices. The rules follow
+    the sweeps in bench/results/h200/sweeps; the tuner replaces them per shape."""
     cands = candidates(spec, arch, M, N, K, sms)
     gemv = [c for c in cands if c.family == "gemv"]
     if M <= 4 and gemv:
