@@ -134,7 +134,7 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     else:
         if ce != 2:
             raise PlanError("decoded weights need float16/bfloat16 activations")
-        kmajor = (lay.pack_axis == "k") or (lay.pack_axis is None and lay.row_axis == "n")
+        kmajor = _k_major(lay)
         extent = {"n": BN, "k": BK}
         rows = extent[lay.row_axis] // lay.row_div
         rowb = extent[lay.col_axis] // lay.col_div * lay.elem_bytes
@@ -187,6 +187,12 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     return g
 
 
+def _k_major(lay: Layout) -> bool:
+    """Whether the weight tile the MMA reads is K-major: codes packed along k,
+    or unpacked weights stored [N, K]."""
+    return lay.pack_axis == "k" or (lay.pack_axis is None and lay.row_axis == "n")
+
+
 def _check_wgmma(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, ce: int) -> None:
     """What the wgmma path needs: sm_90a, one warpgroup per 64 x WN tile,
     both operands K-major in 128-byte swizzled rows (one swizzle atom per row)."""
@@ -198,8 +204,7 @@ def _check_wgmma(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, ce: int) -
         raise PlanError("wgmma tiles have 128-byte rows (BK = 64 for 16-bit, 128 for 8-bit operands)")
     if num.a_decode:
         raise PlanError("wgmma reads A as stored: no widened fp8 activations")
-    kmajor = (lay.pack_axis == "k") or (lay.pack_axis is None and lay.row_axis == "n")
-    if not kmajor:
+    if not _k_major(lay):
         raise PlanError("wgmma here takes K-major weights (decoded or stored [N, K])")
 
 

@@ -26,8 +26,16 @@ DEV void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n
 // writes (st.shared of decoded weights, cp.async data) become visible to the
 // async proxy that wgmma reads operands through. Then a barrier.
 DEV void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// An empty asm that "reads and writes" x: the compiler may not move accesses
-// of an accumulator across it (they are in flight between wgmma and its wait).
-DEV void reg_fence(float& x) { asm volatile("" : "+f"(x) :: "memory"); }
-// The same for s32 accumulators (int8 wgmma), which live in the float array.
-DEV void reg_fence_s32(float& x) { asm volatile("" : "+r"(reinterpret_cast<int&>(x)) :: "memory"); }
+// Empty asm that "reads and writes" every accumulator register: the compiler
+// may not move their accesses across it (they are in flight between wgmma and
+// its wait). S32: the registers hold s32 sums (int8 wgmma) in the float array.
+template <bool S32, int NT>
+DEV void acc_fence(float (&acc)[NT][4]) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      if (S32) asm volatile("" : "+r"(reinterpret_cast<int&>(acc[j][q])) :: "memory");
+      else asm volatile("" : "+f"(acc[j][q]) :: "memory");
+    }
+}

@@ -182,8 +182,14 @@ def test_generated_specs_match_reference(d, M, data, record):
 WGMMA_SPECS = [n for n in MATMUL_SPECS if n != "awq_w4a16_g128"]   # K-major weights
 
 
-def wgmma_configs(spec, arch, M, N, K):
-    return [c for c in planner.candidates(spec, arch, M, N, K) if c.wgmma]
+def check_all(spec, cfgs, M, N, K, record):
+    """run_check for each config, compiled first on all cores."""
+    from opgen.runtime.compiler import compile_many
+    from opgen.runtime.device import current_arch
+    for _ in compile_many({(spec, c, current_arch()) for c in cfgs}):
+        pass
+    for i, cfg in enumerate(cfgs):
+        run_check(spec, cfg, M, N, K, seed=i, record=record)
 
 
 @pytest.mark.parametrize("name", WGMMA_SPECS)
@@ -194,17 +200,13 @@ def test_wgmma_matches_reference(name, M, N, K, record):
     from opgen.runtime.device import current_arch
     arch = current_arch()
     spec = load_spec(shipped_specs()[name])
-    cands = wgmma_configs(spec, arch, M, N, K)
-    if not cands:
+    one_each = {}      # (tile, split) -> its first config
+    for c in planner.candidates(spec, arch, M, N, K):
+        if c.wgmma:
+            one_each.setdefault((c.BM, c.BN, c.WN, c.split_k), c)
+    if not one_each:
         pytest.skip(f"no wgmma on {arch}")
-    from opgen.runtime.compiler import compile_many
-    seen = {}
-    for c in cands:     # one per (tile, split)
-        seen.setdefault((c.BM, c.BN, c.WN, c.split_k), c)
-    for _ in compile_many({(spec, c, arch) for c in seen.values()}):
-        pass
-    for i, cfg in enumerate(seen.values()):
-        run_check(spec, cfg, M, N, K, seed=i, record=record)
+    check_all(spec, list(one_each.values()), M, N, K, record)
 
 
 @pytest.mark.parametrize("name", ["gptq_v2_w4a16_g128", "w4a16_sym_g128", "bnb_nf4", "w8a8_int8"])
@@ -212,13 +214,7 @@ def test_wgmma_matches_reference(name, M, N, K, record):
 def test_every_candidate(name, M, record):
     """Every configuration the tuner may time, at a small odd shape: a config
     that faults would otherwise take a whole tuning run down."""
-    from opgen.runtime.compiler import compile_many
     from opgen.runtime.device import current_arch
-    arch = current_arch()
     spec = load_spec(shipped_specs()[name])
     N, K = 264, 1024
-    cands = planner.candidates(spec, arch, M, N, K)
-    for _ in compile_many({(spec, c, arch) for c in cands}):
-        pass
-    for i, cfg in enumerate(cands):
-        run_check(spec, cfg, M, N, K, seed=i, record=record)
+    check_all(spec, planner.candidates(spec, current_arch(), M, N, K), M, N, K, record)
