@@ -63,7 +63,7 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
             entry=c.name, source=f"{cfg.name}.cu", cubin=f"{cfg.name}.{_target(c)}.cubin",
             target=_target(c),   # sm_90a cubins (wgmma) run on compute capability 9.0 only
             config=cfg.to_dict(), block=[c.geometry["threads"], 1, 1],
-            dynamic_smem=c.geometry.get("smem", 0), grid=_grid_rule(cfg, c.geometry),
+            dynamic_smem=planner.launch_smem(c.geometry, cfg, K), grid=_grid_rule(cfg, c.geometry),
             ptxas=c.resources)
     plan = dict(opgen=__version__, spec=spec.name, spec_hash=spec.content_hash(), arch=arch,
                 nvrtc=nvrtc_version(), N=N, K=K,
@@ -93,7 +93,7 @@ def _grid_rule(cfg: planner.Config, geom: dict) -> str:
     if cfg.family == "gemm":
         return f"[ceil(N/{cfg.BN}), ceil(M/{cfg.BM}), {cfg.split_k}]"
     if geom["scheme"] == "row":
-        return f"[ceil(N/{cfg.warps}), {cfg.split_k}, 1]"
+        return f"[ceil(N/{cfg.warps * cfg.cols}), {cfg.split_k}, 1]"
     return f"[ceil(N/{geom['vec'].n_extent}/32), {cfg.split_k}, 1]"
 
 

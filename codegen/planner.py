@@ -39,13 +39,15 @@ class Config:
     warps: int = 4         # gemv: warps per block
     vbytes: int = 16       # gemv: bytes per weight vector load
     mmax: int = 8          # gemv: most rows of a it handles (M <= mmax)
+    cols: int = 1          # gemv (weights [N, K]): output columns per warp, sharing activations
     min_blocks: int = 1    # gemm: blocks per SM asked of ptxas (__launch_bounds__)
     wgmma: bool = False    # gemm: warpgroup MMA (sm_90a) instead of mma.sync; WM = 64
 
     @property
     def name(self) -> str:
         if self.family == "gemv":
-            return f"gemv_m{self.mmax}_w{self.warps}_v{self.vbytes}_s{self.split_k}"
+            cols = f"_c{self.cols}" if self.cols != 1 else ""
+            return f"gemv_m{self.mmax}_w{self.warps}{cols}_v{self.vbytes}_s{self.split_k}"
         occ = f"_o{self.min_blocks}" if self.min_blocks != 1 else ""
         wg = "_wg" if self.wgmma else ""
         return (f"gemm_{self.BM}x{self.BN}x{self.BK}_w{self.WM}x{self.WN}"
@@ -74,6 +76,13 @@ def check_shape(spec: Spec, N: int, K: int) -> None:
         P = weight_layout(spec).P
         if N % P:
             problems.append(f"N={N} must be a multiple of {P} (codes per word, packed along n)")
+    if w is not None:
+        lay = weight_layout(spec)
+        # Weights stored [K, N]: tiles are copied in 16-byte chunks from each row.
+        unit = 16 * lay.col_div // lay.elem_bytes
+        if lay.row_axis == "k" and N % unit:
+            problems.append(f"N={N} must be a multiple of {unit} (weights stored [K, N] need "
+                            "16-byte rows)")
     for dim, want, got in (("N", spec.shape.N, N), ("K", spec.shape.K, K)):
         if want is not None and want != got:
             problems.append(f"{dim}={got} but the spec fixes {dim}={want}")
@@ -244,14 +253,38 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     if num.group and num.group % vec.k_extent:
         raise PlanError("weight vector crosses a scale group")
     scheme = "row" if lay.row_axis == "n" else "col"
-    if scheme == "col" and vec.ncols % 2:
-        raise PlanError("the column GEMV stores output pairs: a weight vector must span an even "
-                        "number of columns n")
-    # 16+ columns per lane (AWQ 8/16-byte vectors) take 240+ registers even at mmax 1.
-    if scheme == "col" and (cfg.mmax * vec.n_extent > 64 or vec.n_extent > 8):
-        raise PlanError("too many accumulators per thread (mmax x vector width)")
+    run = gemv_run(cfg, num, vec, scheme)
+    if scheme == "col":
+        if cfg.cols != 1:
+            raise PlanError("columns per warp apply to the row GEMV (weights [N, K])")
+        if vec.ncols % 2:
+            raise PlanError("the column GEMV stores output pairs: a weight vector must span an "
+                            "even number of columns n")
+        # 16+ columns per lane (AWQ 8/16-byte vectors) take 240+ registers even at mmax 1.
+        if cfg.mmax * vec.n_extent > 64 or vec.n_extent > 8:
+            raise PlanError("too many accumulators per thread (mmax x vector width)")
+    elif _row_gemv_regs(cfg, vec, run) > GEMV_REGS:
+        raise PlanError(f"~{_row_gemv_regs(cfg, vec, run)} registers of live values per thread "
+                        f"(limit {GEMV_REGS})")
     return dict(threads=cfg.warps * 32, scheme=scheme, vec=vec, dec=decode_plan(lay, num),
-                smem=0, run=gemv_run(cfg, num, vec, scheme), num_group=num.group, mac=gemv_mac(vec), mac_run=MAC_RUN)
+                smem=GEMV_SMEM_CAP if scheme == "row" else 0, run=run, num_group=num.group,
+                mac=gemv_mac(vec), mac_run=MAC_RUN)
+
+
+# The row GEMV stages its rows of activations in shared memory, [mmax, K / split_k]
+# (16 KiB at M = 1, K = 8192); slices past this cap need split-K.
+GEMV_SMEM_CAP = 64 << 10
+# Live values per GEMV thread the planner allows (ptxas has 255 registers;
+# the rest go to addresses, loop state and the decode's temporaries).
+GEMV_REGS = 160
+
+
+def launch_smem(g: Dict, cfg: Config, K: int) -> int:
+    """Dynamic shared memory of one launch: fixed per config, except the row
+    GEMV's activation rows, which take K / split_k."""
+    if cfg.family == "gemv" and g["scheme"] == "row":
+        return cfg.mmax * -(-(K // cfg.split_k) * 2 // 128) * 128      # rows of whole lines
+    return g.get("smem", 0)
 
 
 # Bytes of weights each GEMV thread keeps in flight: 8 x 16-byte loads. At the
@@ -260,14 +293,26 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
 GEMV_BYTES_IN_FLIGHT = 128
 
 
+def _row_gemv_regs(cfg: Config, vec: Vector, run: int) -> int:
+    """Live values per thread of the row GEMV: two runs of raw words with their
+    scales and zeros (one decoded, one in flight), the activation pairs of
+    every row, one decoded vector, the accumulators (fp32 + fp16x2 slots)."""
+    mac = gemv_mac(vec)
+    return (2 * run * cfg.cols * (vec.words + 2) + cfg.mmax * len(mac.apairs)
+            + len(vec.pairs) + cfg.mmax * cfg.cols * (1 + len(mac.slots)))
+
+
 def gemv_run(cfg: Config, num: Numerics, vec: Vector, scheme: str) -> int:
     """Vectors per thread per step (loaded together before any is decoded).
     Column scheme: consecutive rows inside one scale group, so the run shares
-    one scale / zero load."""
+    one scale / zero load. Row scheme: as long as the registers allow."""
     # mmax >= 4 keeps 4x the accumulators: half the run (gptq at mmax 4 spilled).
-    run = max(1, GEMV_BYTES_IN_FLIGHT // cfg.vbytes // (2 if cfg.mmax >= 4 else 1))
+    run = max(1, GEMV_BYTES_IN_FLIGHT // (cfg.vbytes * cfg.cols) // (2 if cfg.mmax >= 4 else 1))
     if scheme == "col" and num.group:
         while run > 1 and (num.group // vec.k_extent) % run:
+            run //= 2
+    if scheme == "row":
+        while run > 1 and _row_gemv_regs(cfg, vec, run) > GEMV_REGS:
             run //= 2
     return run
 
@@ -276,7 +321,7 @@ def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
     if cfg.family == "gemv":
         vec = g["vec"]
         if g["scheme"] == "row":
-            return K % (vec.k_extent * cfg.split_k) == 0
+            return K % (vec.k_extent * cfg.split_k) == 0 and launch_smem(g, cfg, K) <= GEMV_SMEM_CAP
         if N % vec.n_extent or K % (vec.k_extent * cfg.split_k):
             return False
         # Runs stay inside one scale group only if every slice starts a group's run.
@@ -320,9 +365,11 @@ def all_configs() -> List[Config]:
                     out.append(Config("gemm", BM, BN, BK, 64, WN, stages, sk, wgmma=True))
     for mmax in (1, 2, 4, 8):
         for warps in (4, 8):
-            for vb in (16, 8, 4):
-                for sk in GEMV_SPLITS:
-                    out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax))
+            for cols in (1, 2, 4):
+                for vb in (16, 8, 4):
+                    for sk in GEMV_SPLITS:
+                        out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax,
+                                          cols=cols))
     return out
 
 
@@ -363,13 +410,13 @@ def candidates(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) ->
 
 def grid(spec: Spec, cfg: Config, M: int, N: int) -> Tuple[int, int, int]:
     """The launch grid: GEMM tiles (n, m, split-K slice); GEMV blocks of output
-    columns (one warp per column when weights are [N, K], one lane per weight
-    vector when [K, N]) by split-K slice."""
+    columns (`cols` columns per warp when weights are [N, K], one lane per
+    weight vector when [K, N]) by split-K slice."""
     if cfg.family == "gemm":
         return (-(-N // cfg.BN), -(-M // cfg.BM), cfg.split_k)
     lay = weight_layout(spec)
     if lay.row_axis == "n":
-        return (-(-N // cfg.warps), cfg.split_k, 1)
+        return (-(-N // (cfg.warps * cfg.cols)), cfg.split_k, 1)
     n_per_block = 32 * vector(lay, cfg.vbytes).n_extent
     return (-(-N // n_per_block), cfg.split_k, 1)
 
@@ -397,7 +444,8 @@ def gemv_fill(spec: Spec, cfg: Config, M: int, N: int, K: int) -> Tuple[int, int
 def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> Config:
     """A reasonable pick without tuning: for decode (M <= 4) the GEMV whose
     grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
-    then the widest loads and the fewest split-K slices; else a GEMM (wgmma on
+    then the fewest split-K slices, the most columns per warp and the widest
+    loads; else a GEMM (wgmma on
     sm_90 above M = 64, or 32 for dense operands) with enough blocks (split-K
     up to ~2 per SM for M <= 64), the least padding of M, as tall and 128 (256
     for M >= 1024 with wgmma) wide, the fewest split-K slices. The rules follow
@@ -407,7 +455,9 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     if M <= 4 and gemv:
         def gscore(c: Config):
             warps, idle = gemv_fill(spec, c, M, N, K)
-            return (-min(warps, 12 * sms), idle > 0, -c.vbytes, c.split_k, c.warps != 8)
+            # Then: no split-K, the most columns per warp (activations read
+            # once for all of them), the widest loads.
+            return (-min(warps, 12 * sms), idle > 0, c.split_k, -c.cols, -c.vbytes, c.warps != 8)
         return min(gemv, key=gscore)
 
     # Measured on the H200 (bench/NOTES.md): wgmma wins above M = 64 (from

@@ -38,13 +38,17 @@ class Kernel:
         self.module, self.fn = load_function(self.compiled)
         self.geometry = self.compiled.geometry
         self._ws = {}     # (device, stream) -> (workspace, counters)
-        self._grids = {}  # (M, N) -> launch grid
+        self._grids = {}  # (M, N, K) -> (launch grid, dynamic shared memory)
 
     def grid(self, M: int, N: int, K: int) -> tuple:
+        return self._launch_shape(M, N, K)[0]
+
+    def _launch_shape(self, M: int, N: int, K: int) -> tuple:
         # Cached: hashing the spec for the planner costs microseconds per launch.
-        g = self._grids.get((M, N))
+        g = self._grids.get((M, N, K))
         if g is None:
-            g = self._grids[(M, N)] = planner.grid(self.spec, self.config, M, N)
+            g = self._grids[(M, N, K)] = (planner.grid(self.spec, self.config, M, N),
+                                          planner.launch_smem(self.geometry, self.config, K))
         return g
 
     def _workspace(self, M: int, N: int, grid: tuple, stream_ptr: int):
@@ -61,7 +65,7 @@ class Kernel:
     def launch(self, ptrs: dict, M: int, N: int, K: int, stream=None) -> None:
         """ptrs: device addresses (ints) for a, a_scale, b, s, z, bias, out."""
         import cupy
-        grid = self.grid(M, N, K)
+        grid, smem = self._launch_shape(M, N, K)
         stream = stream or cupy.cuda.get_current_stream()
         ws, cnt = (0, 0)
         if self.config.split_k > 1:
@@ -71,7 +75,7 @@ class Kernel:
         args = (p("a"), p("a_scale"), p("b"), p("s"), p("z"), p("bias"), p("out"),
                 np.uint64(ws), np.uint64(cnt), np.int32(M), np.int32(N), np.int32(K))
         self.fn(grid, (self.geometry["threads"], 1, 1), args,
-                shared_mem=self.geometry.get("smem", 0), stream=stream)
+                shared_mem=smem, stream=stream)
 
     def __call__(self, a, tensors: dict, out, a_scale=None, bias=None, stream=None):
         """Launch on CuPy arrays (the tuner and tests use this directly)."""

@@ -96,3 +96,27 @@ def test_fixed_shape_in_spec_is_enforced():
     s = replace(spec("w4a16_sym_g128"), shape=Shape(None, 4096, 4096))
     with pytest.raises(planner.PlanError, match="spec fixes N=4096"):
         planner.check_shape(s, 8192, 4096)
+
+
+def test_nn_weights_need_16_byte_rows():
+    # AWQ [K, N / 8] int32: 24 columns are 12-byte rows (a misaligned cp.async on the GPU).
+    with pytest.raises(planner.PlanError, match="multiple of 32"):
+        planner.check_shape(spec("awq_w4a16_g128"), 24, 1024)
+    planner.check_shape(spec("awq_w4a16_g128"), 544, 1024)
+    planner.check_shape(spec("gptq_v2_w4a16_g128"), 24, 1024)   # [K / 8, N] int32: 96-byte rows
+
+
+def test_row_gemv_shared_memory_and_columns():
+    s = spec("w2a16_g128")
+    cfg = planner.Config("gemv", warps=8, vbytes=16, split_k=1, mmax=1, cols=4)
+    g = planner.geometry(s, cfg, "sm_90")
+    assert g["scheme"] == "row"
+    assert planner.launch_smem(g, cfg, 8192) == 8192 * 2          # one row of fp16 activations
+    assert planner.launch_smem(g, cfg, 8032) == 126 * 128     # 16064 bytes: whole 128-byte lines
+    assert planner.grid(s, cfg, 1, 8192) == (8192 // 32, 1, 1)
+    # too many staged rows for the cap: needs split-K
+    big = planner.Config("gemv", warps=8, vbytes=4, split_k=1, mmax=8, cols=1)
+    assert not planner.shape_ok(planner.geometry(s, big, "sm_90"), big, 8192, 8192)
+    # columns per warp are a row-GEMV notion
+    with pytest.raises(planner.PlanError, match="row GEMV"):
+        planner.geometry(spec("gptq_v2_w4a16_g128"), planner.Config("gemv", cols=2, mmax=1), "sm_90")

@@ -132,7 +132,7 @@ def test_odd_shapes(name, data, record):
     spec = load_spec(shipped_specs()[name])
     arch = current_arch()
     M = data.draw(st.integers(1, 300), label="M")
-    N = data.draw(st.sampled_from([8, 24, 40, 136, 264, 520]), label="N")
+    N = data.draw(st.sampled_from([8, 24, 40, 136, 264, 520, 544]), label="N")
     K = data.draw(st.sampled_from([128, 256, 384, 640, 1152]), label="K")
     try:
         cands = planner.candidates(spec, arch, M, N, K)
@@ -218,3 +218,28 @@ def test_every_candidate(name, M, record):
     spec = load_spec(shipped_specs()[name])
     N, K = 264, 1024
     check_all(spec, planner.candidates(spec, current_arch(), M, N, K), M, N, K, record)
+
+
+def _row_gemv_specs():
+    """Specs whose weights are stored [N, K]: the row GEMV, activations staged
+    in shared memory."""
+    from opgen.codegen.lower import weight_layout
+    out = []
+    for name in MATMUL_SPECS:
+        spec = load_spec(shipped_specs()[name])
+        if spec.a.dtype in ("float16", "bfloat16") and weight_layout(spec).row_axis == "n":
+            out.append(name)
+    return out
+
+
+@pytest.mark.parametrize("name", _row_gemv_specs())
+@pytest.mark.parametrize("M", [1, 3, 7])
+def test_every_row_gemv(name, M, record):
+    """Every row-GEMV config (columns per warp, vector width, split-K, rows
+    of activations staged) at N = 264 (the last block's column sets run past
+    N) and K = 1152 (runs of vectors end part-way)."""
+    from opgen.runtime.device import current_arch
+    spec = load_spec(shipped_specs()[name])
+    N, K = 264, 1152
+    cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.family == "gemv"]
+    check_all(spec, cfgs, M, N, K, record)

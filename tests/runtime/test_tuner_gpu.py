@@ -272,24 +272,21 @@ def test_tune_end_to_end(tmp_path):
         assert err <= tolerance(spec), (bucket, err)
 
     # A second process loads the tuned op from the DB: < 50 ms per kernel
-    # (cubins from the cache the tuner filled; DB lookup + module load).
+    # (cubins from the cache the tuner filled; DB lookup + module load), and
+    # < 50 ms per kernel counting opgen.load too. The costs every CUDA process
+    # pays once (imports, the CUDA context, loading NVRTC to learn its version)
+    # are measured separately (bench/load_time.py prints the same breakdown).
     import json
-    import os
     import subprocess
     import sys
-    code = (
-        "import json, time, cupy, opgen\n"
-        "from opgen.runtime.device import current_arch\n"
-        "from opgen.runtime.tuning_db import TuningDB\n"
-        "cupy.zeros(1); current_arch()   # CUDA context: once per process, not per kernel\n"
-        f"db = TuningDB({str(tmp_path / 'tuning.json')!r}, shipped=False)\n"
-        f"op = opgen.load('gptq_v2_w4a16_g128', N={N}, K={K}, db=db)\n"
-        "times = {}\n"
-        "for M in (1, 64):\n"
-        "    t0 = time.perf_counter(); op.kernel_for(M); times[M] = time.perf_counter() - t0\n"
-        "print(json.dumps({'times': times, 'sources': op.sources}))\n")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ), check=True)
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "bench" / "load_time.py"
+    run = subprocess.run([sys.executable, str(script), "gptq_v2_w4a16_g128", "--N", str(N),
+                          "--K", str(K), "--M", "1,64", "--db", str(tmp_path / "tuning.json")],
+                         capture_output=True, text=True, check=True)
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["sources"] == {"1": "db", "33-64": "db"}, got
-    assert max(got["times"].values()) < 0.05, got
+    ms = got["ms"]
+    kernels = [ms["kernel_M1"], ms["kernel_M64"]]
+    assert max(kernels) < 50, ms
+    assert (ms["opgen_load"] + sum(kernels)) / len(kernels) < 50, ms
