@@ -93,7 +93,7 @@ def _grid_rule(cfg: planner.Config, geom: dict) -> str:
     if cfg.family == "gemm":
         return f"[ceil(N/{cfg.BN}), ceil(M/{cfg.BM}), {cfg.split_k}]"
     if geom["scheme"] == "row":
-        return f"[ceil(N/{cfg.warps * cfg.cols}), {cfg.split_k}, 1]"
+        return f"[ceil(N/{cfg.warps * (16 if cfg.tc else cfg.cols)}), {cfg.split_k}, 1]"
     return f"[ceil(N/{geom['vec'].n_extent}/32), {cfg.split_k}, 1]"
 
 

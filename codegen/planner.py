@@ -40,6 +40,7 @@ class Config:
     vbytes: int = 16       # gemv: bytes per weight vector load
     mmax: int = 8          # gemv: most rows of a it handles (M <= mmax)
     cols: int = 1          # gemv (weights [N, K]): output columns per warp, sharing activations
+    tc: bool = False       # gemv (weights [N, K]): mma.sync on 16 columns per warp, M <= 8
     min_blocks: int = 1    # gemm: blocks per SM asked of ptxas (__launch_bounds__)
     wgmma: bool = False    # gemm: warpgroup MMA (sm_90a) instead of mma.sync; WM = 64
 
@@ -47,7 +48,8 @@ class Config:
     def name(self) -> str:
         if self.family == "gemv":
             cols = f"_c{self.cols}" if self.cols != 1 else ""
-            return f"gemv_m{self.mmax}_w{self.warps}{cols}_v{self.vbytes}_s{self.split_k}"
+            tc = "_tc" if self.tc else ""
+            return f"gemv_m{self.mmax}_w{self.warps}{cols}_v{self.vbytes}_s{self.split_k}{tc}"
         occ = f"_o{self.min_blocks}" if self.min_blocks != 1 else ""
         wg = "_wg" if self.wgmma else ""
         return (f"gemm_{self.BM}x{self.BN}x{self.BK}_w{self.WM}x{self.WN}"
@@ -255,6 +257,8 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     scheme = "row" if lay.row_axis == "n" else "col"
     run = gemv_run(cfg, num, vec, scheme)
     if scheme == "col":
+        if cfg.tc:
+            raise PlanError("the tensor-core GEMV takes weights stored [N, K]")
         if cfg.cols != 1:
             raise PlanError("columns per warp apply to the row GEMV (weights [N, K])")
         if vec.ncols % 2:
@@ -263,6 +267,8 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
         # 16+ columns per lane (AWQ 8/16-byte vectors) take 240+ registers even at mmax 1.
         if cfg.mmax * vec.n_extent > 64 or vec.n_extent > 8:
             raise PlanError("too many accumulators per thread (mmax x vector width)")
+    elif cfg.tc:
+        _check_tc_gemv(cfg, num, vec)
     elif _row_gemv_regs(cfg, vec, run) > GEMV_REGS:
         raise PlanError(f"~{_row_gemv_regs(cfg, vec, run)} registers of live values per thread "
                         f"(limit {GEMV_REGS})")
@@ -293,12 +299,26 @@ def launch_smem(g: Dict, cfg: Config, K: int) -> int:
 GEMV_BYTES_IN_FLIGHT = 128
 
 
+def _check_tc_gemv(cfg: Config, num: Numerics, vec: Vector) -> None:
+    """The tensor-core GEMV: a warp's 16 weight rows are the A operand of
+    m16n8k16 (each quad of lanes holds 4 consecutive vectors of a row), the
+    staged activations the B operand (8 columns: M <= 8); fp32 sums of raw
+    (q - z) [or q, and of a, for q * s - z] are scaled once per k-block of 4
+    vectors, which must therefore lie in one scale group."""
+    if cfg.cols != 1:
+        raise PlanError("the tensor-core GEMV has 16 columns per warp (cols 1)")
+    if vec.k_extent % 8:
+        raise PlanError("the tensor-core GEMV needs 8+ weights per vector (one k16 step per quad)")
+    if num.group and num.group % (4 * vec.k_extent):
+        raise PlanError("a quad's 4 vectors must lie in one scale group")
+
+
 def _row_gemv_regs(cfg: Config, vec: Vector, run: int) -> int:
-    """Live values per thread of the row GEMV: two runs of raw words with their
-    scales and zeros (one decoded, one in flight), the activation pairs of
-    every row, one decoded vector, the accumulators (fp32 + fp16x2 slots)."""
+    """Live values per thread of the row GEMV: a run of raw words with their
+    scales and zeros, the activation pairs of every row, one decoded vector,
+    the accumulators (fp32 + fp16x2 slots)."""
     mac = gemv_mac(vec)
-    return (2 * run * cfg.cols * (vec.words + 2) + cfg.mmax * len(mac.apairs)
+    return (run * cfg.cols * (vec.words + 2) + cfg.mmax * len(mac.apairs)
             + len(vec.pairs) + cfg.mmax * cfg.cols * (1 + len(mac.slots)))
 
 
@@ -311,6 +331,9 @@ def gemv_run(cfg: Config, num: Numerics, vec: Vector, scheme: str) -> int:
     if scheme == "col" and num.group:
         while run > 1 and (num.group // vec.k_extent) % run:
             run //= 2
+    if scheme == "row" and cfg.tc:
+        # k-blocks in flight: two vectors each (rows g and g + 8), both decoded at once.
+        return max(1, GEMV_BYTES_IN_FLIGHT // (2 * cfg.vbytes))
     if scheme == "row":
         while run > 1 and _row_gemv_regs(cfg, vec, run) > GEMV_REGS:
             run //= 2
@@ -321,7 +344,8 @@ def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
     if cfg.family == "gemv":
         vec = g["vec"]
         if g["scheme"] == "row":
-            return K % (vec.k_extent * cfg.split_k) == 0 and launch_smem(g, cfg, K) <= GEMV_SMEM_CAP
+            blk = vec.k_extent * (4 if cfg.tc else 1) * cfg.split_k     # tc: k-blocks of 4 vectors
+            return K % blk == 0 and launch_smem(g, cfg, K) <= GEMV_SMEM_CAP
         if N % vec.n_extent or K % (vec.k_extent * cfg.split_k):
             return False
         # Runs stay inside one scale group only if every slice starts a group's run.
@@ -370,6 +394,9 @@ def all_configs() -> List[Config]:
                     for sk in GEMV_SPLITS:
                         out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax,
                                           cols=cols))
+            for vb in (16, 8, 4):
+                for sk in GEMV_SPLITS:
+                    out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax, tc=True))
     return out
 
 
@@ -416,7 +443,7 @@ def grid(spec: Spec, cfg: Config, M: int, N: int) -> Tuple[int, int, int]:
         return (-(-N // cfg.BN), -(-M // cfg.BM), cfg.split_k)
     lay = weight_layout(spec)
     if lay.row_axis == "n":
-        return (-(-N // (cfg.warps * cfg.cols)), cfg.split_k, 1)
+        return (-(-N // (cfg.warps * (16 if cfg.tc else cfg.cols))), cfg.split_k, 1)
     n_per_block = 32 * vector(lay, cfg.vbytes).n_extent
     return (-(-N // n_per_block), cfg.split_k, 1)
 
@@ -451,7 +478,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     for M >= 1024 with wgmma) wide, the fewest split-K slices. The rules follow
     the sweeps in bench/results/h200/sweeps; the tuner replaces them per shape."""
     cands = candidates(spec, arch, M, N, K, sms)
-    gemv = [c for c in cands if c.family == "gemv"]
+    gemv = [c for c in cands if c.family == "gemv" and not c.tc]
     if M <= 4 and gemv:
         def gscore(c: Config):
             warps, idle = gemv_fill(spec, c, M, N, K)

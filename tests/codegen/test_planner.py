@@ -120,3 +120,19 @@ def test_row_gemv_shared_memory_and_columns():
     # columns per warp are a row-GEMV notion
     with pytest.raises(planner.PlanError, match="row GEMV"):
         planner.geometry(spec("gptq_v2_w4a16_g128"), planner.Config("gemv", cols=2, mmax=1), "sm_90")
+
+
+def test_tensor_core_gemv_rules():
+    s = spec("w4a16_sym_g128")
+    cfg = planner.Config("gemv", warps=8, vbytes=16, split_k=1, mmax=4, tc=True)
+    g = planner.geometry(s, cfg, "sm_90")
+    assert cfg.name.endswith("_tc") and planner.grid(s, cfg, 3, 8192) == (8192 // 128, 1, 1)
+    assert planner.shape_ok(g, cfg, 8192, 8192)          # k-blocks of 4 x 32 weights
+    assert not planner.shape_ok(g, cfg, 8192, 8192 + 32)
+    # a quad's 4 vectors (4 x 64 2-bit weights) would span two scale groups
+    with pytest.raises(planner.PlanError, match="one scale group"):
+        planner.geometry(spec("w2a16_g128"), planner.Config("gemv", vbytes=16, mmax=1, tc=True), "sm_90")
+    with pytest.raises(planner.PlanError, match="weights stored"):
+        planner.geometry(spec("gptq_v2_w4a16_g128"), planner.Config("gemv", mmax=1, tc=True), "sm_90")
+    # measured before it is picked: the heuristic never chooses it
+    assert not planner.heuristic(s, "sm_90", 1, 8192, 8192).tc
