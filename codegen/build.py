@@ -36,7 +36,7 @@ ARGUMENTS = [
 
 def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
                N: Optional[int] = None, K: Optional[int] = None) -> List[Path]:
-    from ..runtime.compiler import compile_kernel, nvrtc_version
+    from ..runtime.compiler import compile_config, nvrtc_version
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if spec.op == "quantize":
@@ -57,14 +57,21 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
         dispatch[label] = cfg.name
         if cfg.name in kernels:
             continue
-        c = compile_kernel(spec, cfg, arch)
-        written += _write(out, cfg.name, c)
-        kernels[cfg.name] = dict(
-            entry=c.name, source=f"{cfg.name}.cu", cubin=f"{cfg.name}.{_target(c)}.cubin",
-            target=_target(c),   # sm_90a cubins (wgmma) run on compute capability 9.0 only
-            config=cfg.to_dict(), block=[c.geometry["threads"], 1, 1],
-            dynamic_smem=planner.launch_smem(c.geometry, cfg, K), grid=_grid_rule(cfg, c.geometry),
-            ptxas=c.resources)
+        launches = []
+        for (_, stage_cfg), c in zip(planner.stages(spec, cfg), compile_config(spec, cfg, arch)):
+            stem = cfg.name if stage_cfg.family != "dequant" else f"{cfg.name}.{stage_cfg.name}"
+            written += _write(out, stem, c)
+            launches.append(dict(
+                entry=c.name, source=f"{stem}.cu", cubin=f"{stem}.{_target(c)}.cubin",
+                target=_target(c),   # sm_90a cubins (wgmma) run on compute capability 9.0 only
+                config=stage_cfg.to_dict(), block=[c.geometry["threads"], 1, 1],
+                dynamic_smem=planner.launch_smem(c.geometry, stage_cfg, K),
+                grid=_grid_rule(stage_cfg, c.geometry), ptxas=c.resources))
+        *before, kernels[cfg.name] = launches
+        if before:
+            # Launched first, on the same stream: writes the dense [N, K] weights
+            # (activation dtype) that the GEMM then reads as its `b` (s, z null).
+            kernels[cfg.name] = dict(kernels[cfg.name], config=cfg.to_dict(), before=before)
     plan = dict(opgen=__version__, spec=spec.name, spec_hash=spec.content_hash(), arch=arch,
                 nvrtc=nvrtc_version(), N=N, K=K,
                 alignment=f"K % {planner.K_ALIGN} == 0, N % {planner.N_ALIGN} == 0, "
@@ -92,6 +99,8 @@ def _write(out: Path, stem: str, c) -> List[Path]:
 def _grid_rule(cfg: planner.Config, geom: dict) -> str:
     if cfg.family == "gemm":
         return f"[ceil(N/{cfg.BN}), ceil(M/{cfg.BM}), {cfg.split_k}]"
+    if cfg.family == "dequant":
+        return f"[ceil(N/{cfg.BN}), {planner.DEQUANT_KSPLIT}, 1]"
     if geom["scheme"] == "row":
         return f"[ceil(N/{cfg.warps * (16 if cfg.tc else cfg.cols)}), {cfg.split_k}, 1]"
     return f"[ceil(N/{geom['vec'].n_extent}/32), {cfg.split_k}, 1]"

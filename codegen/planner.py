@@ -7,6 +7,8 @@ work, with the reason. `candidates()` enumerates the valid ones for a shape.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import asdict, dataclass, fields
 from typing import Dict, List, Optional, Tuple
 
@@ -14,7 +16,7 @@ from . import hw
 from .lower import (MAC_RUN, Layout, Numerics, Vector, decode_plan, gemv_mac, numerics, vector,
                     weight_layout)
 from .errors import UserError
-from .spec import Spec
+from .spec import Spec, Weight
 
 # Alignment rules every kernel relies on (documented in docs/spec.md).
 K_ALIGN = 32     # K % 32 == 0: 16-byte rows for every packed format
@@ -28,7 +30,7 @@ class PlanError(UserError):
 
 @dataclass(frozen=True)
 class Config:
-    family: str            # "gemm" | "gemv"
+    family: str            # "gemm" | "gemv" | "dequant" (the first stage of a predecode config)
     BM: int = 16
     BN: int = 128
     BK: int = 64
@@ -40,20 +42,25 @@ class Config:
     vbytes: int = 16       # gemv: bytes per weight vector load
     mmax: int = 8          # gemv: most rows of a it handles (M <= mmax)
     cols: int = 1          # gemv (weights [N, K]): output columns per warp, sharing activations
-    tc: bool = False       # gemv (weights [N, K]): mma.sync on 16 columns per warp, M <= 8
+    tc: bool = False       # gemv (weights [N, K]): mma.sync on 16 columns per warp, M <= 16
     min_blocks: int = 1    # gemm: blocks per SM asked of ptxas (__launch_bounds__)
     wgmma: bool = False    # gemm: warpgroup MMA (sm_90a) instead of mma.sync; WM = 64
+    predecode: bool = False  # gemm: weights decoded once into a dense [N, K] scratch tensor
+                             # (a "dequant" launch), then the dense GEMM on it (large M)
 
     @property
     def name(self) -> str:
+        if self.family == "dequant":
+            return f"dequant_{self.BN}x{self.BK}"
         if self.family == "gemv":
             cols = f"_c{self.cols}" if self.cols != 1 else ""
             tc = "_tc" if self.tc else ""
             return f"gemv_m{self.mmax}_w{self.warps}{cols}_v{self.vbytes}_s{self.split_k}{tc}"
         occ = f"_o{self.min_blocks}" if self.min_blocks != 1 else ""
         wg = "_wg" if self.wgmma else ""
+        pd = "_pd" if self.predecode else ""
         return (f"gemm_{self.BM}x{self.BN}x{self.BK}_w{self.WM}x{self.WN}"
-                f"_p{self.stages}_s{self.split_k}{occ}{wg}")
+                f"_p{self.stages}_s{self.split_k}{occ}{wg}{pd}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -117,6 +124,14 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     lay = weight_layout(spec)
     if cfg.family == "gemv":
         return _gemv_geometry(spec, cfg, a, num, lay)
+    if cfg.family == "dequant":
+        return _dequant_geometry(spec, cfg, num, lay)
+    if cfg.predecode:
+        if num.dense:
+            raise PlanError("predecode is for weights that need decoding")
+        _dequant_geometry(spec, DEQUANT, num, lay)       # the first stage must fit too
+        dense = geometry(dense_twin(spec), dataclasses.replace(cfg, predecode=False), arch)
+        return dict(dense, predecode=True)
     ce = mma.a_bytes
     BM, BN, BK, WM, WN = cfg.BM, cfg.BN, cfg.BK, cfg.WM, cfg.WN
     if BM % WM or BN % WN or WM % 16 or WN % 16:
@@ -145,27 +160,9 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     else:
         if ce != 2:
             raise PlanError("decoded weights need float16/bfloat16 activations")
-        kmajor = _k_major(lay)
-        extent = {"n": BN, "k": BK}
-        rows = extent[lay.row_axis] // lay.row_div
-        rowb = extent[lay.col_axis] // lay.col_div * lay.elem_bytes
-        if extent[lay.row_axis] % lay.row_div or extent[lay.col_axis] % lay.col_div or rowb < 4:
-            raise PlanError("tile does not hold whole weight words")
-        chunk = next((c for c in (16, 8, 4) if rowb % c == 0), None)
-        group = num.group
-        vb = _vector_bytes(lay, rowb, group, BK)
-        if vb is None:
-            raise PlanError(f"no 4/8/16-byte weight vector lies inside one scale group of {group} "
-                            f"and one {BN}x{BK} tile" if group else
-                            f"no 4/8/16-byte weight vector fits one {BN}x{BK} tile")
-        vec = vector(lay, vb)
-        bs_rows, bs_rowb = (BN, BK * 2) if kmajor else (BK, BN * 2)
-        if bs_rowb % 128:
-            raise PlanError("decoded tile rows must be a multiple of 128 bytes")
-        g.update(b_kmajor=kmajor, b_rows=rows, b_rowb=rowb, b_chunk=chunk,
-                 bs_rows=bs_rows, bs_rowb=bs_rowb, vec=vec, stores=_stores(vec, kmajor))
-        b_stage = rows * rowb
-        bs = 2 * bs_rows * bs_rowb     # decoded tiles, double-buffered
+        g.update(_decoded_tile(lay, num, BN, BK, _k_major(lay)))
+        b_stage = g["b_rows"] * g["b_rowb"]
+        bs = 2 * g["bs_rows"] * g["bs_rowb"]     # decoded tiles, double-buffered
     # Stages the pipeline needs (gemm.cu.j2): one more for a decoded tile, one
     # more for the wgmma group kept in flight.
     inflight = int(cfg.wgmma and num.dense)
@@ -196,6 +193,65 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
         raise PlanError(f"{acc_regs} accumulator registers per thread")
     g.update(smem=smem, grid_tiles=(BN, BM), wgmma=cfg.wgmma, inflight=inflight)
     return g
+
+
+def _decoded_tile(lay: Layout, num: Numerics, BN: int, BK: int, kmajor: bool) -> Dict:
+    """A BN x BK tile of stored weight words (b_rows x b_rowb bytes, copied in
+    b_chunk pieces) and the swizzled compute tile it decodes into (bs_rows x
+    bs_rowb bytes; K-major: BN rows of BK elements), vector by vector."""
+    extent = {"n": BN, "k": BK}
+    rows = extent[lay.row_axis] // lay.row_div
+    rowb = extent[lay.col_axis] // lay.col_div * lay.elem_bytes
+    if extent[lay.row_axis] % lay.row_div or extent[lay.col_axis] % lay.col_div or rowb < 4:
+        raise PlanError("tile does not hold whole weight words")
+    chunk = next((c for c in (16, 8, 4) if rowb % c == 0), None)
+    group = num.group
+    vb = _vector_bytes(lay, rowb, group, BK)
+    if vb is None:
+        raise PlanError(f"no 4/8/16-byte weight vector lies inside one scale group of {group} "
+                        f"and one {BN}x{BK} tile" if group else
+                        f"no 4/8/16-byte weight vector fits one {BN}x{BK} tile")
+    vec = vector(lay, vb)
+    bs_rows, bs_rowb = (BN, BK * 2) if kmajor else (BK, BN * 2)
+    if bs_rowb % 128:
+        raise PlanError("decoded tile rows must be a multiple of 128 bytes")
+    return dict(b_kmajor=kmajor, b_rows=rows, b_rowb=rowb, b_chunk=chunk,
+                bs_rows=bs_rows, bs_rowb=bs_rowb, vec=vec, stores=_stores(vec, kmajor))
+
+
+# The dequant stage of every predecode config: one 128 x 64 tile per block.
+DEQUANT = Config("dequant", BN=128, BK=64)
+DEQUANT_THREADS = 256
+DEQUANT_KSPLIT = 16          # blocks along k (each walks every 16th k-tile of its rows)
+
+
+def _dequant_geometry(spec: Spec, cfg: Config, num: Numerics, lay: Layout) -> Dict:
+    """The dequant kernel: a tile of stored words -> the K-major decoded tile
+    (the GEMM's decode, shared) -> dense [N, K] rows in global memory."""
+    if num.dense:
+        raise PlanError("dense weights need no dequant stage")
+    if spec.a.dtype not in ("float16", "bfloat16"):
+        raise PlanError("predecoded weights are float16/bfloat16 (the activation dtype)")
+    g = _decoded_tile(lay, num, cfg.BN, cfg.BK, kmajor=True)
+    smem = g["b_rows"] * g["b_rowb"] + g["bs_rows"] * g["bs_rowb"]
+    return dict(g, threads=DEQUANT_THREADS, smem=smem, a_decode=False, dense=False)
+
+
+@functools.lru_cache(maxsize=None)
+def dense_twin(spec: Spec) -> Spec:
+    """What the GEMM of a predecode config multiplies: the same op on dense
+    weights of the activation dtype, stored [N, K], scales already applied."""
+    return dataclasses.replace(spec, name=f"{spec.name}_dense",
+                               b=Weight(dtype=spec.a.dtype, layout="nt"))
+
+
+def stages(spec: Spec, cfg: Config) -> List[Tuple[Spec, Config]]:
+    """The kernels one config launches, in order, each a (spec, config) that
+    compiles on its own: the config itself, or for predecode the dequant
+    stage of spec and then the dense GEMM of its twin."""
+    if not cfg.predecode:
+        return [(spec, cfg)]
+    return [(spec, DEQUANT), (dense_twin(spec), dataclasses.replace(cfg, predecode=False))]
 
 
 def _k_major(lay: Layout) -> bool:
@@ -302,11 +358,14 @@ GEMV_BYTES_IN_FLIGHT = 128
 def _check_tc_gemv(cfg: Config, num: Numerics, vec: Vector) -> None:
     """The tensor-core GEMV: a warp's 16 weight rows are the A operand of
     m16n8k16 (each quad of lanes holds 4 consecutive vectors of a row), the
-    staged activations the B operand (8 columns: M <= 8); fp32 sums of raw
+    staged activations the B operand (one m16n8k16 per 8 rows of M, M <= 16);
+    fp32 sums of raw
     (q - z) [or q, and of a, for q * s - z] are scaled once per k-block of 4
     vectors, which must therefore lie in one scale group."""
     if cfg.cols != 1:
         raise PlanError("the tensor-core GEMV has 16 columns per warp (cols 1)")
+    if cfg.mmax > 16:
+        raise PlanError("the tensor-core GEMV takes at most 16 rows of activations")
     if vec.k_extent % 8:
         raise PlanError("the tensor-core GEMV needs 8+ weights per vector (one k16 step per quad)")
     if num.group and num.group % (4 * vec.k_extent):
@@ -365,9 +424,14 @@ GEMM_TILES = [
     (64, 128, 128, 32, 32), (128, 64, 128, 32, 32), (128, 128, 128, 64, 32),
 ]
 # wgmma tiles (BM, BN, WN): warpgroups of 64 x WN, at most two per block.
-WGMMA_TILES = [(64, 128, 128), (64, 256, 256), (64, 256, 128), (128, 128, 128),
-               (128, 256, 256), (128, 128, 64)]
+# (64, 64, 64): twice the blocks of 64 x 128 where M = 33-64 leaves SMs idle.
+WGMMA_TILES = [(64, 64, 64), (64, 128, 128), (64, 256, 256), (64, 256, 128), (128, 128, 128),
+               (128, 256, 256)]
 STAGES = (3, 4, 5)
+# Predecode writes and re-reads 2 bytes per weight (N x K x 2 scratch): worth
+# trying only where the fused GEMM decodes every weight M / BM >= 2 times.
+PREDECODE_MIN_M = 256
+PREDECODE_M = 1024           # where the heuristic takes it
 SPLITS = (1, 2, 4, 8)
 # GEMV column blocks are 32 vectors wide (512-1024 columns for AWQ): narrow N
 # needs deeper split-K to fill the SMs.
@@ -387,6 +451,15 @@ def all_configs() -> List[Config]:
             for stages in STAGES:
                 for sk in SPLITS:
                     out.append(Config("gemm", BM, BN, BK, 64, WN, stages, sk, wgmma=True))
+    # Predecode: the dense GEMM's tall tiles (the decode is paid once, not per m-tile).
+    for (BM, BN, BK, WM, WN) in GEMM_TILES:
+        if BM >= 64 and BK == 64:
+            for stages in STAGES:
+                out.append(Config("gemm", BM, BN, BK, WM, WN, stages, 1, predecode=True))
+    for (BM, BN, WN) in WGMMA_TILES:
+        if BM == 128:
+            for stages in STAGES:
+                out.append(Config("gemm", BM, BN, 64, 64, WN, stages, 1, wgmma=True, predecode=True))
     for mmax in (1, 2, 4, 8):
         for warps in (4, 8):
             for cols in (1, 2, 4):
@@ -394,6 +467,9 @@ def all_configs() -> List[Config]:
                     for sk in GEMV_SPLITS:
                         out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax,
                                           cols=cols))
+    # The tensor-core GEMV also takes 9-16 rows: two m-tiles per k-block.
+    for mmax in (1, 2, 4, 8, 16):
+        for warps in (4, 8):
             for vb in (16, 8, 4):
                 for sk in GEMV_SPLITS:
                     out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax, tc=True))
@@ -402,13 +478,15 @@ def all_configs() -> List[Config]:
 
 def candidates(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> List[Config]:
     """Valid configurations worth timing for this problem size: GEMV only for
-    M <= 8 and with the smallest mmax >= M; GEMM tiles between M/4 (at most 64)
+    M <= 16 (above 8 the tensor-core one) and with the smallest mmax >= M; GEMM tiles between M/4 (at most 64)
     and 2M rows; split-K only while the grid stays under 8 waves and slices keep
     4 k-tiles."""
     check_shape(spec, N, K)
     out, why = [], {}
     for cfg in all_configs():
         if cfg.family == "gemv" and (M > cfg.mmax or (cfg.mmax > 1 and cfg.mmax >= 2 * M)):
+            continue
+        if cfg.predecode and M < PREDECODE_MIN_M:
             continue
         if cfg.family == "gemm":
             # Tiles no taller than 2M (padding), and no shorter than a quarter
@@ -441,6 +519,8 @@ def grid(spec: Spec, cfg: Config, M: int, N: int) -> Tuple[int, int, int]:
     weight vector when [K, N]) by split-K slice."""
     if cfg.family == "gemm":
         return (-(-N // cfg.BN), -(-M // cfg.BM), cfg.split_k)
+    if cfg.family == "dequant":
+        return (-(-N // cfg.BN), DEQUANT_KSPLIT, 1)
     lay = weight_layout(spec)
     if lay.row_axis == "n":
         return (-(-N // (cfg.warps * (16 if cfg.tc else cfg.cols))), cfg.split_k, 1)
@@ -469,15 +549,23 @@ def gemv_fill(spec: Spec, cfg: Config, M: int, N: int, K: int) -> Tuple[int, int
 
 
 def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> Config:
-    """A reasonable pick without tuning: for decode (M <= 4) the GEMV whose
+    """A reasonable pick without tuning: for weights stored [N, K] and
+    M = 2-16 the tensor-core GEMV; for decode (M <= 4) the GEMV whose
     grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
     then the fewest split-K slices, the most columns per warp and the widest
-    loads; else a GEMM (wgmma on
+    loads; for M >= 1024 decoded weights a predecode config; else a GEMM (wgmma on
     sm_90 above M = 64, or 32 for dense operands) with enough blocks (split-K
     up to ~2 per SM for M <= 64), the least padding of M, as tall and 128 (256
     for M >= 1024 with wgmma) wide, the fewest split-K slices. The rules follow
     the sweeps in bench/results/h200/sweeps; the tuner replaces them per shape."""
     cands = candidates(spec, arch, M, N, K, sms)
+    tc = [c for c in cands if c.tc]
+    if 2 <= M <= 16 and tc:
+        # Measured (bench/NOTES.md, M = 4): 16.6-18.7 us against 23-25 for the
+        # SIMT GEMV. The widest vectors, 8 warps, split-K to ~2 blocks per SM.
+        def tscore(c: Config):
+            return (blocks(spec, c, M, N) < 15 * sms // 8, -c.vbytes, c.warps != 8, c.split_k)
+        return min(tc, key=tscore)
     gemv = [c for c in cands if c.family == "gemv" and not c.tc]
     if M <= 4 and gemv:
         def gscore(c: Config):
@@ -487,10 +575,18 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
             return (-min(warps, 12 * sms), idle > 0, c.split_k, -c.cols, -c.vbytes, c.warps != 8)
         return min(gemv, key=gscore)
 
+    # Large M: decode the weights once, then the dense GEMM (predicted: at
+    # M = 4096, 8192^2, 40 us of decode against ~1200 us fused).
+    pd = [c for c in cands if c.predecode]
+    if M >= PREDECODE_M and pd:
+        cands = pd
+    else:
+        cands = [c for c in cands if not c.predecode]
     # Measured on the H200 (bench/NOTES.md): wgmma wins above M = 64 (from
     # M = 33 when the weights need no decode); mma.sync below.
     wg = [c for c in cands if c.wgmma]
-    dense = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).dense
+    # (a predecode config's GEMM is a dense one)
+    dense = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).dense or all(c.predecode for c in cands)
     if wg and M > (32 if dense else 64):
         cands = wg
     else:

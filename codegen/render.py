@@ -10,7 +10,8 @@ from . import hw, planner
 from .lower import decode_plan, fold_zero, magic_split, numerics, weight_layout
 from .spec import WEIGHT_CODES, Spec
 
-TEMPLATES = {"gemm": "gemm.cu.j2", "gemv": "gemv.cu.j2", "quantize": "quantize.cu.j2"}
+TEMPLATES = {"gemm": "gemm.cu.j2", "gemv": "gemv.cu.j2", "dequant": "dequant.cu.j2",
+             "quantize": "quantize.cu.j2"}
 
 
 def _template_text(name: str) -> str:
@@ -57,7 +58,10 @@ def _magic_pair(dec, f16: bool, shift: int) -> dict:
 
 
 def render(spec: Spec, cfg: planner.Config, arch: str) -> tuple[str, dict]:
-    """CUDA source and the launch geometry (dict from planner.geometry)."""
+    """CUDA source and the launch geometry (dict from planner.geometry) of a
+    single-kernel config (a predecode config renders as its planner.stages)."""
+    if cfg.predecode:
+        raise ValueError(f"{cfg.name} launches several kernels: render planner.stages() of it")
     g = planner.geometry(spec, cfg, arch)
     num = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma)
     lay = weight_layout(spec)

@@ -143,7 +143,10 @@ def code_fingerprint() -> str:
 
 def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
                    use_cache: bool = True) -> Compiled:
-    """Render + compile (or take from the cache); cfg is None for op quantize."""
+    """Render + compile (or take from the cache) one kernel; cfg is None for
+    op quantize (a config of several kernels: compile_config)."""
+    if cfg is not None and cfg.predecode:
+        raise ValueError(f"{cfg.name} launches several kernels: use compile_config")
     source = None
     if spec.op == "quantize":
         source, geometry = render.render_quantize(spec, arch)
@@ -174,12 +177,13 @@ def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
     return Compiled(cubin, name, source, log, geometry, arch)
 
 
-def compile_cubin(spec: Spec, cfg: planner.Config, arch: str, N: int = 0, K: int = 0) -> bytes:
-    """Process-pool friendly entry point used by the tuner."""
-    try:
-        return compile_kernel(spec, cfg, arch).cubin
-    except planner.PlanError as e:
-        raise CompileError(str(e)) from e
+def compile_config(spec: Spec, cfg: Optional[planner.Config], arch: str) -> List[Compiled]:
+    """Every kernel one config launches, in launch order (planner.stages):
+    one, or for a predecode config the dequant stage and the dense GEMM
+    (cfg None: the kernel of op quantize)."""
+    if cfg is None:
+        return [compile_kernel(spec, None, arch)]
+    return [compile_kernel(s, c, arch) for s, c in planner.stages(spec, cfg)]
 
 
 _PTXAS = {
@@ -225,7 +229,7 @@ def disassemble(cubin: bytes) -> str:
 
 def _compile_job(spec: Spec, cfg: planner.Config, arch: str) -> Optional[str]:
     try:
-        compile_kernel(spec, cfg, arch)
+        compile_config(spec, cfg, arch)
     except (CompileError, planner.PlanError) as e:
         return f"{type(e).__name__}: {e}"
     return None

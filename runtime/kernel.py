@@ -30,11 +30,33 @@ def load_function(compiled: compiler.Compiled):
     return module, fn
 
 
+# Dense [N, K] weights of predecode configs, one tensor per (device, stream)
+# shared by every kernel (grown to the largest layer): a model's layers run one
+# after another on a stream, so one scratch tensor serves them all.
+_SCRATCH: dict = {}
+
+
+def _scratch(nbytes: int, stream_ptr: int):
+    import cupy
+    key = (cupy.cuda.runtime.getDevice(), stream_ptr)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.size < nbytes:
+        buf = _SCRATCH[key] = cupy.empty(nbytes, np.uint8)
+    return buf
+
+
 class Kernel:
+    """One config's launch. A predecode config is two kernels: its dequant
+    stage writes the dense weights into the shared scratch tensor, then the
+    dense GEMM (this object's own function) reads them."""
+
     def __init__(self, spec: Spec, config: planner.Config, arch: str | None = None):
         self.spec, self.config = spec, config
         self.arch = arch or current_arch()
-        self.compiled = compiler.compile_kernel(spec, config, self.arch)
+        *first, (gspec, gcfg) = planner.stages(spec, config)
+        self.dequant = Kernel(*first[0], self.arch) if first else None
+        self.gemm_config = gcfg
+        self.compiled = compiler.compile_kernel(gspec, gcfg, self.arch)
         self.module, self.fn = load_function(self.compiled)
         self.geometry = self.compiled.geometry
         self._ws = {}     # (device, stream) -> (workspace, counters)
@@ -47,8 +69,8 @@ class Kernel:
         # Cached: hashing the spec for the planner costs microseconds per launch.
         g = self._grids.get((M, N, K))
         if g is None:
-            g = self._grids[(M, N, K)] = (planner.grid(self.spec, self.config, M, N),
-                                          planner.launch_smem(self.geometry, self.config, K))
+            g = self._grids[(M, N, K)] = (planner.grid(self.spec, self.gemm_config, M, N),
+                                          planner.launch_smem(self.geometry, self.gemm_config, K))
         return g
 
     def _workspace(self, M: int, N: int, grid: tuple, stream_ptr: int):
@@ -67,6 +89,10 @@ class Kernel:
         import cupy
         grid, smem = self._launch_shape(M, N, K)
         stream = stream or cupy.cuda.get_current_stream()
+        if self.dequant is not None:
+            dense = _scratch(N * K * 2, stream.ptr).data.ptr
+            self.dequant.launch(dict(ptrs, out=dense), M, N, K, stream)
+            ptrs = dict(ptrs, b=dense, s=0, z=0)
         ws, cnt = (0, 0)
         if self.config.split_k > 1:
             w, c = self._workspace(M, N, grid, stream.ptr)

@@ -1,4 +1,6 @@
 """The tile planner and the lowering it stands on (CPU only)."""
+import dataclasses
+
 import pytest
 
 from opgen.codegen import planner
@@ -37,13 +39,15 @@ def test_candidates_and_heuristic(name, M):
     pick = planner.heuristic(s, "sm_90", M, 4096, 11008)
     assert pick in cands
     for c in cands:
-        assert c.family == "gemm" or M <= c.mmax <= 8
+        assert c.family == "gemm" or M <= c.mmax <= (16 if c.tc else 8)
         if c.family == "gemm":
             # wgmma tiles are 64 rows at least and tried from M = 9 on
             assert c.BM <= max(64 if c.wgmma else 16, 2 * M)
             assert not c.wgmma or M > 8
-    if M > 8:
+    if M > 16:
         assert pick.family == "gemm"
+    elif M > 8:
+        assert pick.family == "gemm" or pick.tc
 
 
 @pytest.mark.parametrize("name", MATMUL)
@@ -51,7 +55,8 @@ def test_wgmma_only_where_it_runs(name):
     """wgmma configs on sm_90 for K-major weights (all but AWQ), never on sm_80,
     and 128-byte operand rows."""
     s = spec(name)
-    wg = [c for c in planner.candidates(s, "sm_90", 256, 4096, 4096) if c.wgmma]
+    # (predecode configs read the dense [N, K] twin: K-major for every spec)
+    wg = [c for c in planner.candidates(s, "sm_90", 256, 4096, 4096) if c.wgmma and not c.predecode]
     assert bool(wg) == (name != "awq_w4a16_g128")
     for c in wg:
         g = planner.geometry(s, c, "sm_90")
@@ -134,5 +139,39 @@ def test_tensor_core_gemv_rules():
         planner.geometry(spec("w2a16_g128"), planner.Config("gemv", vbytes=16, mmax=1, tc=True), "sm_90")
     with pytest.raises(planner.PlanError, match="weights stored"):
         planner.geometry(spec("gptq_v2_w4a16_g128"), planner.Config("gemv", mmax=1, tc=True), "sm_90")
-    # measured before it is picked: the heuristic never chooses it
+    # 9-16 rows: two m-tiles; staged rows of 16 x 8192 fp16 need split-K 4
+    cfg16 = planner.Config("gemv", warps=8, vbytes=16, split_k=4, mmax=16, tc=True)
+    assert planner.shape_ok(planner.geometry(s, cfg16, "sm_90"), cfg16, 8192, 8192)
+    half = dataclasses.replace(cfg16, split_k=2)
+    assert not planner.shape_ok(planner.geometry(s, half, "sm_90"), half, 8192, 8192)
+    with pytest.raises(planner.PlanError, match="at most 16 rows"):
+        planner.geometry(s, planner.Config("gemv", mmax=32, tc=True), "sm_90")
+    # the heuristic takes it from M = 2 to 16 (measured faster at M = 4), not at M = 1
     assert not planner.heuristic(s, "sm_90", 1, 8192, 8192).tc
+    for M in (2, 4, 16):
+        pick = planner.heuristic(s, "sm_90", M, 8192, 8192)
+        assert pick.tc and pick.mmax >= M and planner.blocks(s, pick, M, 8192) >= 15 * 132 // 8
+
+
+@pytest.mark.parametrize("name", MATMUL)
+def test_predecode_stages(name):
+    """Decoded weights at large M: the dequant stage of the spec, then the dense
+    GEMM of its twin (activation-dtype weights [N, K], no scales); offered from
+    M = 256, picked by the heuristic from M = 1024; never for dense weights."""
+    s = spec(name)
+    decoded = not planner.numerics(s).dense and s.a.dtype in ("float16", "bfloat16")
+    assert not any(c.predecode for c in planner.candidates(s, "sm_90", 255, 4096, 4096))
+    pd = [c for c in planner.candidates(s, "sm_90", 256, 4096, 4096) if c.predecode]
+    assert bool(pd) == decoded
+    pick = planner.heuristic(s, "sm_90", 4096, 4096, 4096)
+    assert pick.predecode == decoded
+    if not decoded:
+        return
+    (q, dq), (twin, gemm) = planner.stages(s, pick)
+    assert q == s and dq == planner.DEQUANT and pick.name.endswith("_pd")
+    assert twin.b.dtype == s.a.dtype and twin.b.layout == "nt" and twin.b.scale is None
+    assert gemm == dataclasses.replace(pick, predecode=False) and gemm.wgmma
+    assert planner.geometry(s, pick, "sm_90")["predecode"]
+    assert planner.geometry(s, dq, "sm_90")["b_kmajor"]      # [N, K] rows out
+    assert planner.grid(s, dq, 4096, 8192) == (8192 // dq.BN, planner.DEQUANT_KSPLIT, 1)
+    assert not planner.heuristic(s, "sm_90", 512, 4096, 4096).predecode

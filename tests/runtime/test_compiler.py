@@ -36,25 +36,37 @@ MMA_OP = {"int8": "IMMA", "float16": "HMMA", "bfloat16": "HMMA", "float8_e4m3": 
 WGMMA_OP = {"int8": "IGMMA", "float16": "HGMMA", "bfloat16": "HGMMA", "float8_e4m3": "QGMMA"}
 
 
+def _sass_ops(cfg, a_dtype) -> tuple:
+    """The instructions a kernel of this config must hold."""
+    if cfg.family == "dequant":
+        return ("LDGSTS",)                        # the raw tile by cp.async
+    if cfg.family == "gemv":
+        return ("HMMA",) if cfg.tc else ()
+    return ((WGMMA_OP[a_dtype],) if cfg.wgmma else (MMA_OP[a_dtype], "LDSM")) + ("LDGSTS",)
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("M", [16, 256, 4096])
 @pytest.mark.parametrize("name", [n for n in SPECS if spec(n).op == "matmul"])
-def test_default_gemm_sass_and_resources(name, M, arch):
+def test_default_sass_and_resources(name, M, arch):
+    """The heuristic's kernels for M = 16 (a GEMM or the tensor-core GEMV),
+    256 (a GEMM) and 4096 (a GEMM, or for decoded weights the predecode pair:
+    dequant + dense GEMM): no spills, the tensor-core / ldmatrix / cp.async
+    instructions present, no local memory."""
     s = spec(name)
     cfg = planner.heuristic(s, arch, M, 4096, 4096)
-    assert cfg.family == "gemm"
-    c = compiler.compile_kernel(s, cfg, arch)
-    res = c.resources
-    assert res["spill_bytes"] == 0, f"{cfg.name}: {res}"
-    if compiler.find_nvdisasm() is None:
-        pytest.skip("nvdisasm not installed (extra 'sass')")
-    sass = compiler.disassemble(c.cubin)
-    want = (WGMMA_OP[s.a.dtype],) if cfg.wgmma else (MMA_OP[s.a.dtype], "LDSM")
-    for op in (*want, "LDGSTS"):
-        assert re.search(rf"\b{op}\b", sass), f"{cfg.name}: no {op} in SASS"
-    # ptxas serializes wgmma when other code touches its accumulators in flight
-    assert "C7514" not in c.log, f"{cfg.name}: wgmma serialized"
-    assert not re.search(r"\b(LDL|STL)\b", sass), f"{cfg.name}: local memory in SASS"
+    assert cfg.family == "gemm" or (M == 16 and cfg.tc)
+    for (stage_spec, stage_cfg), c in zip(planner.stages(s, cfg), compiler.compile_config(s, cfg, arch)):
+        res = c.resources
+        assert res["spill_bytes"] == 0, f"{stage_cfg.name}: {res}"
+        if compiler.find_nvdisasm() is None:
+            pytest.skip("nvdisasm not installed (extra 'sass')")
+        sass = compiler.disassemble(c.cubin)
+        for op in _sass_ops(stage_cfg, stage_spec.a.dtype):
+            assert re.search(rf"\b{op}\b", sass), f"{stage_cfg.name}: no {op} in SASS"
+        # ptxas serializes wgmma when other code touches its accumulators in flight
+        assert "C7514" not in c.log, f"{stage_cfg.name}: wgmma serialized"
+        assert not re.search(r"\b(LDL|STL)\b", sass), f"{stage_cfg.name}: local memory in SASS"
 
 
 def test_alignment_rule_is_stated():

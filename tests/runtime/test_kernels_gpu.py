@@ -233,13 +233,35 @@ def _row_gemv_specs():
 
 
 @pytest.mark.parametrize("name", _row_gemv_specs())
-@pytest.mark.parametrize("M", [1, 3, 7])
+@pytest.mark.parametrize("M", [1, 3, 7, 12])
 def test_every_row_gemv(name, M, record):
     """Every row-GEMV config (columns per warp, vector width, split-K, rows
-    of activations staged) at N = 264 (the last block's column sets run past
-    N) and K = 1152 (runs of vectors end part-way)."""
+    of activations staged; the tensor-core one for up to 16 rows, M = 12: two
+    m-tiles, the second part-filled) at N = 264 (the last block's column sets
+    run past N) and K = 1152 (runs of vectors end part-way)."""
     from opgen.runtime.device import current_arch
     spec = load_spec(shipped_specs()[name])
     N, K = 264, 1152
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.family == "gemv"]
+    check_all(spec, cfgs, M, N, K, record)
+
+
+PREDECODE_SPECS = [n for n in MATMUL_SPECS
+                   if any(c.predecode for c in planner.candidates(load_spec(shipped_specs()[n]),
+                                                                  "sm_90", 1024, 4096, 4096))]
+
+
+@pytest.mark.parametrize("name", PREDECODE_SPECS)
+@pytest.mark.parametrize("M,N,K", [(260, 264, 1152), (1024, 4096, 4096)])
+def test_predecode_matches_reference(name, M, N, K, record):
+    """Every predecode config (dequant stage into the scratch tensor, then the
+    dense GEMM) at N past the tile (264) and at the size it is picked for."""
+    from opgen.runtime.device import current_arch
+    spec = load_spec(shipped_specs()[name])
+    cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.predecode]
+    if K == 4096:    # the large shape: one tile per kind (mma.sync / wgmma, width)
+        one = {}
+        for c in cfgs:
+            one.setdefault((c.wgmma, c.BN, c.WN), c)
+        cfgs = list(one.values())
     check_all(spec, cfgs, M, N, K, record)
