@@ -16,7 +16,7 @@ from . import hw
 from .lower import (MAC_RUN, Layout, Numerics, Vector, decode_plan, gemv_mac, numerics, vector,
                     weight_layout)
 from .errors import UserError
-from .spec import Spec, Weight
+from .spec import Shape, Spec, Weight
 
 # Alignment rules every kernel relies on (documented in docs/spec.md).
 K_ALIGN = 32     # K % 32 == 0: 16-byte rows for every packed format
@@ -241,7 +241,11 @@ def _dequant_geometry(spec: Spec, cfg: Config, num: Numerics, lay: Layout) -> Di
 def dense_twin(spec: Spec) -> Spec:
     """What the GEMM of a predecode config multiplies: the same op on dense
     weights of the activation dtype, stored [N, K], scales already applied."""
-    return dataclasses.replace(spec, name=f"{spec.name}_dense",
+    # Named by what the dense kernel depends on, so formats share its kernels.
+    epi = spec.epilogue
+    name = "_".join(["dense", spec.a.dtype, spec.out.dtype] + (["bias"] if epi.bias else [])
+                    + ([epi.activation] if epi.activation != "none" else []))
+    return dataclasses.replace(spec, name=name, description="", shape=Shape(),
                                b=Weight(dtype=spec.a.dtype, layout="nt"))
 
 
