@@ -252,10 +252,11 @@ PREDECODE_SPECS = [n for n in MATMUL_SPECS
 
 
 @pytest.mark.parametrize("name", PREDECODE_SPECS)
-@pytest.mark.parametrize("M,N,K", [(260, 264, 1152), (1024, 4096, 4096)])
+@pytest.mark.parametrize("M,N,K", [(260, 288, 1152), (1024, 4096, 4096)])
 def test_predecode_matches_reference(name, M, N, K, record):
     """Every predecode config (dequant stage into the scratch tensor, then the
-    dense GEMM) at N past the tile (264) and at the size it is picked for."""
+    dense GEMM) at N past the tile (288; a multiple of 32 for AWQ's 16-byte
+    rows) and at the size it is picked for."""
     from opgen.runtime.device import current_arch
     spec = load_spec(shipped_specs()[name])
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.predecode]
