@@ -19,6 +19,11 @@ through L2 in between.  The caller keeps n_copies(...) input/output sets and
 launch i uses set i % n, so every set has been evicted before it is used
 again.
 
+Two strengths of measurement: `measure` (the full budget, BUDGET_MS) and
+`rank` (RANK_BUDGET_MS, at most RANK_SAMPLES samples, no separate warm-up),
+cheap enough to run on every candidate of a tuning run so that only the
+fastest few are measured in full.
+
 cupy is imported inside Timer, so this module imports without a GPU.
 """
 from __future__ import annotations
@@ -38,6 +43,10 @@ EARLY_SAMPLES = 3         # samples taken before deciding whether to drop a slow
 MIN_SAMPLES, MAX_SAMPLES = 5, 100
 CHUNK_SAMPLES = 25        # samples enqueued behind one spin
 DROP_RATIO = 1.5          # drop a config this much slower than the best so far
+RANK_BUDGET_MS = 1.0      # rank(): device time per candidate...
+RANK_SAMPLES = 5          # ...and at most this many samples
+HOST_US_GUESS = 30.0      # Python's cost of one launch until measured (a generous guess:
+                          # too high only lengthens the spin)
 
 _SPIN_SRC = r"""
 extern "C" __global__ void opgen_spin(long long cycles) {
@@ -77,9 +86,10 @@ class Timer:
         khz = dev.attributes.get("ClockRate", 0) or \
             cp.cuda.runtime.getDeviceProperties(dev.id).get("clockRate", 0)
         self.clock_khz = int(khz) or 2_000_000
+        self.host_us = None        # Python's cost of one launch, as last measured by _samples
 
     def measure(self, launch, best_us=None, *, budget_us=BUDGET_MS * 1e3, repeats=None,
-                drop_ratio=DROP_RATIO) -> Timing:
+                drop_ratio=DROP_RATIO, estimate_us=None) -> Timing:
         """Median device time of one launch(i), in microseconds; launch(i)
         enqueues one launch on self.stream (i counts up, to rotate buffers).
 
@@ -94,11 +104,42 @@ class Timer:
           resolution; the median of the samples resists interruptions.
         * The number of samples fits a time budget; after EARLY_SAMPLES a
           config slower than drop_ratio * best_us is abandoned (dropped=True).
+        * estimate_us: a recent time of this launch (e.g. rank's): the kernel
+          is warm and its time known, so the warm-up and the probe are skipped
+          (for a 20 ms kernel they would be 13 of the 18 launches).
         """
         with self.stream:
-            return self._measure(launch, best_us, budget_us, repeats, drop_ratio)
+            if estimate_us is None:
+                i, gpu_us, host_us = self._warm_up(launch)
+            else:
+                i, gpu_us, host_us = 0, float(estimate_us), self._host_guess()
+            return self._sample_to_budget(launch, i, gpu_us, host_us, best_us, budget_us,
+                                          repeats, drop_ratio, MIN_SAMPLES, MAX_SAMPLES)
 
-    def _measure(self, launch, best_us, budget_us, repeats, drop_ratio) -> Timing:
+    def rank(self, launch, best_us=None, *, budget_us=RANK_BUDGET_MS * 1e3,
+             drop_ratio=DROP_RATIO, max_samples=RANK_SAMPLES) -> Timing:
+        """A cheap time of launch(i) for ranking many candidates (the tuner's
+        first pass): as measure, but on budget_us and at most max_samples
+        samples, and without the warm-up: the first launch (the probe) is timed
+        alone behind a spin.  The probe can only read slow (it carries any
+        first-call setup, e.g. zeroing a split-K workspace, which is small next
+        to the kernel's own traffic), so a probe over drop_ratio * best_us
+        drops the config at once: a clearly slow 20 ms kernel costs one launch.
+        Not for probes under MIN_SAMPLE_US, where a launch gap of a microsecond
+        or two would be a large part of the reading."""
+        with self.stream:
+            host_us = self._host_guess()
+            probe = self._samples(launch, 0, 1, 1, host_us, 0.0)[0]
+            if best_us is not None and probe >= MIN_SAMPLE_US and probe > drop_ratio * best_us:
+                return Timing(probe, [probe], dropped=True)
+            return self._sample_to_budget(launch, 1, probe, host_us, best_us, budget_us, None,
+                                          drop_ratio, 1, max_samples)
+
+    def _host_guess(self) -> float:
+        return self.host_us if self.host_us is not None else HOST_US_GUESS
+
+    def _warm_up(self, launch):
+        """(launches made, device us per launch, host us per launch)."""
         s = self.stream
         i = 0
         for _ in range(3):
@@ -112,14 +153,16 @@ class Timer:
         host_us = (time.perf_counter() - t0) / 5 * 1e6
         s.synchronize()
         gpu_us = self._samples(launch, i, 1, 5, host_us, 0.0)[0]
-        i += 5
+        return i + 5, gpu_us, host_us
 
+    def _sample_to_budget(self, launch, i, gpu_us, host_us, best_us, budget_us, repeats,
+                          drop_ratio, min_samples, max_samples) -> Timing:
         L = max(1, math.ceil(MIN_SAMPLE_US / max(gpu_us, 1e-3)))
         if repeats:
             R = int(repeats)
         else:
             R = int(budget_us / (L * max(gpu_us, host_us, 1e-3)))
-            R = min(max(R, MIN_SAMPLES), MAX_SAMPLES)
+            R = min(max(R, min_samples), max_samples)
         samples = self._samples(launch, i, min(R, EARLY_SAMPLES), L, host_us, gpu_us)
         i += len(samples) * L
         if best_us is not None and statistics.median(samples) > drop_ratio * best_us:
@@ -140,10 +183,13 @@ class Timer:
         events = [cp.cuda.Event() for _ in range(count + 1)]
         events[0].record(s)
         j = start
+        t0 = time.perf_counter()
         for k in range(count):
             for _ in range(L):
                 launch(j)
                 j += 1
             events[k + 1].record(s)
+        if count * L >= 4:      # (a lone launch may carry first-call costs)
+            self.host_us = (time.perf_counter() - t0) / (count * L) * 1e6
         events[-1].synchronize()
         return [cp.cuda.get_elapsed_time(events[k], events[k + 1]) * 1e3 / L for k in range(count)]

@@ -33,6 +33,7 @@ class _NullStream:
 def _fake_timer(us):
     t = object.__new__(Timer)
     t.stream = _NullStream()
+    t.host_us = None
     t.calls = []
 
     def samples(launch, start, count, L, host_us, gpu_us):
@@ -60,6 +61,47 @@ def test_measure_adaptive_and_early_drop():
     t = _fake_timer(10.0)
     r = t.measure(lambda i: None, best_us=8.0, repeats=7)
     assert not r.dropped and len(r.samples) == 7
+
+
+def test_measure_with_an_estimate_skips_warm_up_and_probe():
+    """The tuner's final pass knows the kernel's time from the rank pass: a
+    20 ms kernel then costs its samples only (5 launches at MIN_SAMPLES, not
+    3 warm-up + 5 host-timed + 5 probe launches more)."""
+    launches = []
+    t = _fake_timer(20_000.0)
+    r = t.measure(launches.append, budget_us=10_000, estimate_us=20_000.0)
+    assert len(r.samples) == timing.MIN_SAMPLES and launches == list(range(timing.MIN_SAMPLES))
+    assert t.calls[0] == (0, timing.EARLY_SAMPLES, 1)
+
+    launches = []
+    t = _fake_timer(20_000.0)
+    t.measure(launches.append, budget_us=10_000)
+    assert len(launches) == 3 + 5 + 5 + timing.MIN_SAMPLES
+
+
+def test_rank_is_cheap():
+    # A long kernel: the probe, then one sample (the budget is below one launch).
+    launches = []
+    t = _fake_timer(5_000.0)
+    r = t.rank(launches.append, None, budget_us=1_000)
+    assert t.calls == [(0, 1, 1), (1, 1, 1)] and launches == [0, 1]
+    assert not r.dropped and r.samples == [5_000.0]          # the probe is not a sample
+    # ... clearly slower than the best: dropped on the probe, one launch in all.
+    t = _fake_timer(5_000.0)
+    r = t.rank(lambda i: None, 1_000.0, budget_us=1_000)
+    assert r.dropped and t.calls == [(0, 1, 1)]
+
+    # A short kernel: samples of L launches (L * 4 us >= MIN_SAMPLE_US), at most
+    # RANK_SAMPLES of them.
+    t = _fake_timer(4.0)
+    r = t.rank(lambda i: None, None, budget_us=1_000_000)
+    assert not r.dropped and len(r.samples) == timing.RANK_SAMPLES
+    assert t.calls[0] == (0, 1, 1) and all(L == 5 for _, _, L in t.calls[1:])
+    # ... never dropped on the probe alone (a launch gap would be a large part
+    # of it), but after its first samples.
+    t = _fake_timer(4.0)
+    r = t.rank(lambda i: None, 1.0, budget_us=1_000_000)
+    assert r.dropped and t.calls == [(0, 1, 1), (1, timing.EARLY_SAMPLES, 5)]
 
 
 def test_tuner_and_bench_share_the_timer():
