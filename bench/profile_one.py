@@ -28,8 +28,9 @@ def main(argv=None) -> int:
     by_name = {c.name: c for c in planner.candidates(spec, arch, args.M, args.N, args.K)}
     if args.config not in by_name:
         p.error(f"{args.config} is not a candidate; e.g. {', '.join(list(by_name)[:5])}")
-    bench = tuner._make_bench(spec, arch, args.N, args.K, args.M, seed=0)
-    t = bench.time(by_name[args.config], repeats=args.launches, drop_ratio=1e9)
+    bench = tuner._make_session(arch).bench(spec, args.N, args.K, seed=0)
+    bench.select(args.M)
+    t = bench.time(by_name[args.config], budget_ms=tuner.BUDGET_MS, repeats=args.launches)
     print(f"{spec.name} {args.config} M={args.M} N={args.N} K={args.K}: {t.median_us:.2f} us")
     return 0
 

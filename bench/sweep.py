@@ -41,8 +41,9 @@ def main(argv=None) -> int:
     bad = {job[1]: why for job, why in compile_many(jobs) if why}
     tol = tuner.tolerance(spec)
     out = open(args.out, "a") if args.out else None
+    bench = tuner._make_session(arch).bench(spec, args.N, args.K, seed=0)
     for M, cfgs in per_M.items():
-        bench = tuner._make_bench(spec, arch, args.N, args.K, M, seed=0)
+        bench.select(M)
         heur = planner.heuristic(spec, arch, M, args.N, args.K)
         for cfg in cfgs:
             print(f"{spec.name} M={M} {cfg.name} ...", end=" ", flush=True)
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
                 print("compile failed:", bad[cfg], flush=True)
                 continue
             ok, err, why = bench.verify(cfg, tol)
-            t = bench.time(cfg, budget_ms=args.budget_ms, drop_ratio=1e9) if ok else None
+            t = bench.time(cfg, budget_ms=args.budget_ms) if ok else None
             us = t.median_us if t else None
             mark = " (heuristic)" if cfg == heur else ""
             print(f"err {err:.1e} " + (f"{us:.2f} us{mark}" if ok else f"FAILED: {why}"), flush=True)
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
                 out.write(json.dumps(dict(spec=spec.name, M=M, N=args.N, K=args.K, config=cfg.name,
                                           heuristic=cfg == heur, ok=ok, rel_err=err, us=us)) + "\n")
                 out.flush()
-        bench.close()
+    bench.close()
     return 0
 
 

@@ -146,7 +146,9 @@ def shipped_matmul_specs() -> List[str]:
     return [name for name, path in shipped_specs().items() if load_spec(path).op == "matmul"]
 
 
-def _load_specs(names: Sequence[str]):
+def _load_specs(names: Sequence[str], command: str = "opgen bench"):
+    """Spec arguments (shipped names or YAML files) -> Specs, each a matmul
+    (a UserError names the one that is not)."""
     from opgen.codegen.errors import UserError
     from opgen.codegen.validate import load_spec, resolve_spec
     specs = []
@@ -154,6 +156,6 @@ def _load_specs(names: Sequence[str]):
         p = resolve_spec(arg)
         spec = load_spec(p, filename=arg if Path(arg).is_file() else str(p))
         if spec.op != "matmul":
-            raise UserError(f"{arg}: op {spec.op!r} is not a matmul; opgen bench times matmuls")
+            raise UserError(f"{arg}: op {spec.op!r} is not a matmul; {command} takes matmuls")
         specs.append(spec)
     return specs

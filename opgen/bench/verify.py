@@ -39,12 +39,15 @@ def check_rows_of(M: int):
     return np.unique(np.array(list(range(min(M, 4))) + [M // 2, M - 1]))
 
 
-def tile_to(x, shape):
-    """numpy twin of the GPU side's torch .repeat tiling (for tests)."""
-    import numpy as np
+def tile_to(x, shape, xp=None):
+    """x repeated along every axis up to `shape`, with xp.tile (xp: numpy,
+    the default, or cupy: the tuner tiles on the GPU; the bench's torch side
+    does the same with .repeat)."""
+    if xp is None:
+        import numpy as xp
     if not _tile_shape_ok(x.shape, shape):
         raise ValueError(f"cannot tile {tuple(x.shape)} to {tuple(shape)}")
-    return np.tile(x, [b // s for s, b in zip(x.shape, shape)])
+    return xp.tile(x, [b // s for s, b in zip(x.shape, shape)])
 
 
 def _reference_weight(spec, host_w, N0: int, K0: int):
@@ -54,12 +57,14 @@ def _reference_weight(spec, host_w, N0: int, K0: int):
     return np.asarray(dequantize(spec, host_w, N0, K0), dtype=np.float64)
 
 
-def check_rows(spec, a_rows, s_rows, w_ref, host_bias, got, N, K, N0, K0) -> dict:
+def check_rows(spec, a_rows, s_rows, w_ref, host_bias, got, N, K, N0, K0, tol=None) -> dict:
     """Compare output rows (got: their values, float) with the reference.
     The problem is the base problem tiled: a[m, k] = a0[m, k % K0],
     W[n, k] = W0[n % N0, k % K0], so out[m, n] = (K / K0) * (a0 @ W0^T)[m, n % N0]
     (+ bias, then the activation).  a_rows / s_rows: those rows of the base
-    activation [., K0] and their scales; w_ref: the base weight, dequantized."""
+    activation [., K0] and their scales; w_ref: the base weight, dequantized.
+    tol: the largest relative error accepted (default: twice the tuner's
+    tolerance(spec); the tuner passes tolerance(spec) itself)."""
     import numpy as np
     from opgen.codegen import reference
     from opgen.runtime.tuner import tolerance
@@ -72,7 +77,7 @@ def check_rows(spec, a_rows, s_rows, w_ref, host_bias, got, N, K, N0, K0) -> dic
         ref = ref + b[np.arange(N) % N0][None, :]
     ref = reference.apply_activation(spec.epilogue.activation, ref)
     got = np.asarray(got, dtype=np.float64)
-    tol = 2 * tolerance(spec)
+    tol = 2 * tolerance(spec) if tol is None else tol
     if not np.isfinite(got).all():
         return {"verified": False, "rel_err": None,
                 "verify_msg": f"{int((~np.isfinite(got)).sum())} NaN/Inf in checked rows"}
