@@ -452,7 +452,8 @@ STAGES = (3, 4, 5)
 # Predecode writes and re-reads 2 bytes per weight (N x K x 2 scratch): worth
 # trying only where the fused GEMM decodes every weight M / BM >= 2 times.
 PREDECODE_MIN_M = 256
-PREDECODE_M = 1024           # where the heuristic takes it
+PREDECODE_M = 2048           # where the heuristic takes it (verify1 sweep: w4a16_sym M = 1024
+                             # fused 306 us, predecode 337; gptq_v2 M = 4096 fused 1715, predecode 1125)
 SPLITS = (1, 2, 4, 8)
 # GEMV column blocks are 32 vectors wide (512-1024 columns for AWQ): narrow N
 # needs deeper split-K to fill the SMs.
@@ -577,7 +578,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     M = 2-16 the tensor-core GEMV; for decode (M <= 4) the GEMV whose
     grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
     then the fewest split-K slices, the most columns per warp and the widest
-    loads; for M >= 1024 decoded weights a predecode config; else a GEMM (wgmma on
+    loads; for M >= 2048 decoded weights a predecode config; else a GEMM (wgmma on
     sm_90 above M = 64, or 32 for dense operands) with enough blocks (split-K
     up to ~2 per SM for M <= 64), the least padding of M, as tall and 128 (256
     for M >= 1024 with wgmma) wide, the fewest split-K slices. The rules follow
@@ -585,8 +586,9 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     cands = candidates(spec, arch, M, N, K, sms)
     tc = [c for c in cands if c.tc]
     if 2 <= M <= 16 and tc:
-        # Measured (bench/NOTES.md, M = 4): 16.6-18.7 us against 23-25 for the
-        # SIMT GEMV. The widest vectors, 8 warps, split-K to ~2 blocks per SM.
+        # Measured (bench/results/h200/verify1, w4a16_sym 8192^2): M = 4 19.7 us,
+        # M = 16 28.8 us (the mma.sync GEMM: 37 us). The widest vectors, 8
+        # warps, split-K to ~2 blocks per SM.
         def tscore(c: Config):
             return (blocks(spec, c, M, N) < 15 * sms // 8, -c.vbytes, c.warps != 8, c.split_k)
         return min(tc, key=tscore)
@@ -599,8 +601,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
             return (-min(warps, 12 * sms), idle > 0, c.split_k, -c.cols, -c.vbytes, c.warps != 8)
         return min(gemv, key=gscore)
 
-    # Large M: decode the weights once, then the dense GEMM (predicted: at
-    # M = 4096, 8192^2, 40 us of decode against ~1200 us fused).
+    # Large M: decode the weights once, then the dense GEMM.
     pd = [c for c in cands if c.predecode]
     if M >= PREDECODE_M and pd:
         cands = pd

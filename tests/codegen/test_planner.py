@@ -166,7 +166,7 @@ def test_tensor_core_gemv_rules():
 def test_predecode_stages(name):
     """Decoded weights at large M: the dequant stage of the spec, then the dense
     GEMM of its twin (activation-dtype weights [N, K], no scales); offered from
-    M = 256, picked by the heuristic from M = 1024; never for dense weights."""
+    M = 256, picked by the heuristic from M = 2048; never for dense weights."""
     s = spec(name)
     decoded = not planner.numerics(s).dense and s.a.dtype in ("float16", "bfloat16")
     assert not any(c.predecode for c in planner.candidates(s, "sm_90", 255, 4096, 4096))
@@ -183,4 +183,4 @@ def test_predecode_stages(name):
     assert planner.geometry(s, pick, "sm_90")["predecode"]
     assert planner.geometry(s, dq, "sm_90")["b_kmajor"]      # [N, K] rows out
     assert planner.grid(s, dq, 4096, 8192) == (8192 // dq.BN, planner.DEQUANT_KSPLIT, 1)
-    assert not planner.heuristic(s, "sm_90", 512, 4096, 4096).predecode
+    assert not planner.heuristic(s, "sm_90", 1024, 4096, 4096).predecode
