@@ -334,17 +334,13 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     elif _row_gemv_regs(cfg, vec, run) > GEMV_REGS:
         raise PlanError(f"~{_row_gemv_regs(cfg, vec, run)} registers of live values per thread "
                         f"(limit {GEMV_REGS})")
-    # The per-thread prefetch ring: row GEMVs RUN steps in flight + the one in
-    # use; column GEMV two runs (one in flight, one in use).
-    if scheme == "row":
-        ring = (run + 1) * (2 if cfg.tc else cfg.cols) * vb * cfg.warps * 32
-    else:
-        ring = 2 * run * vb * cfg.warps * 32
+    # The row GEMVs' per-thread prefetch ring: RUN steps in flight + the one in use.
+    ring = (run + 1) * (2 if cfg.tc else cfg.cols) * vb * cfg.warps * 32 if scheme == "row" else 0
     if cfg.inflight != GEMV_INFLIGHT[0] and \
             gemv_run(dataclasses.replace(cfg, inflight=GEMV_INFLIGHT[0]), num, vec, scheme) >= run:
         raise PlanError(f"{cfg.inflight} bytes in flight: no longer run than {GEMV_INFLIGHT[0]}")
     return dict(threads=cfg.warps * 32, scheme=scheme, vec=vec, dec=decode_plan(lay, num),
-                smem=GEMV_SMEM_CAP + ring if scheme == "row" else ring, run=run, ring=ring,
+                smem=GEMV_SMEM_CAP + ring if scheme == "row" else 0, run=run, ring=ring,
                 num_group=num.group, mac=gemv_mac(vec), mac_run=MAC_RUN)
 
 
@@ -405,15 +401,14 @@ def gemv_run(cfg: Config, num: Numerics, vec: Vector, scheme: str) -> int:
     prefetched by cp.async into a per-thread ring in shared memory; at most 15
     (the ring's loop is unrolled), fewer if the scales, zeros and accumulators
     would not fit the registers. Column scheme: a run of consecutive rows
-    inside one scale group (one scale / zero load), prefetched by cp.async
-    into a per-thread ring of two runs (at most 16 rows: unrolled)."""
+    inside one scale group (one scale / zero load), held in registers."""
     if scheme == "row":
         run = max(1, min(15, cfg.inflight // ((2 if cfg.tc else cfg.cols) * cfg.vbytes)))
         while not cfg.tc and run > 1 and _row_gemv_regs(cfg, vec, run) > GEMV_REGS:
             run -= 1
         return run
     # mmax >= 4 keeps 4x the accumulators: half the run (gptq at mmax 4 spilled).
-    run = max(1, min(16, cfg.inflight // cfg.vbytes // (2 if cfg.mmax >= 4 else 1)))
+    run = max(1, cfg.inflight // cfg.vbytes // (2 if cfg.mmax >= 4 else 1))
     if num.group:
         while run > 1 and (num.group // vec.k_extent) % run:
             run //= 2
