@@ -43,7 +43,6 @@ class Config:
     mmax: int = 8          # gemv: most rows of a it handles (M <= mmax)
     cols: int = 1          # gemv (weights [N, K]): output columns per warp, sharing activations
     tc: bool = False       # gemv (weights [N, K]): mma.sync on 16 columns per warp, M <= 16
-    inflight: int = 128    # gemv: weight bytes each thread keeps in flight
     min_blocks: int = 1    # gemm: blocks per SM asked of ptxas (__launch_bounds__)
     wgmma: bool = False    # gemm: warpgroup MMA (sm_90a) instead of mma.sync; WM = 64
     predecode: bool = False  # gemm: weights decoded once into a dense [N, K] scratch tensor
@@ -56,8 +55,7 @@ class Config:
         if self.family == "gemv":
             cols = f"_c{self.cols}" if self.cols != 1 else ""
             tc = "_tc" if self.tc else ""
-            fl = f"_f{self.inflight}" if self.inflight != 128 else ""
-            return f"gemv_m{self.mmax}_w{self.warps}{cols}_v{self.vbytes}_s{self.split_k}{tc}{fl}"
+            return f"gemv_m{self.mmax}_w{self.warps}{cols}_v{self.vbytes}_s{self.split_k}{tc}"
         occ = f"_o{self.min_blocks}" if self.min_blocks != 1 else ""
         wg = "_wg" if self.wgmma else ""
         pd = "_pd" if self.predecode else ""
@@ -334,14 +332,9 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     elif _row_gemv_regs(cfg, vec, run) > GEMV_REGS:
         raise PlanError(f"~{_row_gemv_regs(cfg, vec, run)} registers of live values per thread "
                         f"(limit {GEMV_REGS})")
-    # The row GEMVs' per-thread prefetch ring: RUN steps in flight + the one in use.
-    ring = (run + 1) * (2 if cfg.tc else cfg.cols) * vb * cfg.warps * 32 if scheme == "row" else 0
-    if cfg.inflight != GEMV_INFLIGHT[0] and \
-            gemv_run(dataclasses.replace(cfg, inflight=GEMV_INFLIGHT[0]), num, vec, scheme) >= run:
-        raise PlanError(f"{cfg.inflight} bytes in flight: no longer run than {GEMV_INFLIGHT[0]}")
     return dict(threads=cfg.warps * 32, scheme=scheme, vec=vec, dec=decode_plan(lay, num),
-                smem=GEMV_SMEM_CAP + ring if scheme == "row" else 0, run=run, ring=ring,
-                num_group=num.group, mac=gemv_mac(vec), mac_run=MAC_RUN)
+                smem=GEMV_SMEM_CAP if scheme == "row" else 0, run=run, num_group=num.group,
+                mac=gemv_mac(vec), mac_run=MAC_RUN)
 
 
 # The row GEMV stages its rows of activations in shared memory, [mmax, K / split_k]
@@ -356,16 +349,14 @@ def launch_smem(g: Dict, cfg: Config, K: int) -> int:
     """Dynamic shared memory of one launch: fixed per config, except the row
     GEMV's activation rows, which take K / split_k."""
     if cfg.family == "gemv" and g["scheme"] == "row":
-        # rows of whole lines, then the tensor-core GEMV's prefetch ring
-        return cfg.mmax * -(-(K // cfg.split_k) * 2 // 128) * 128 + g["ring"]
+        return cfg.mmax * -(-(K // cfg.split_k) * 2 // 128) * 128      # rows of whole lines
     return g.get("smem", 0)
 
 
-# Bytes of weights each GEMV thread keeps in flight (Config.inflight): 128 is
-# 8 x 16-byte loads; at the ~16 resident warps per SM a one-wave grid gives,
-# 64 KB per SM, about twice what Little's law asks of HBM3e (4.3 TB/s x ~1 us
-# / 132 SMs). The tuner also tries 256.
-GEMV_INFLIGHT = (128, 256)
+# Bytes of weights each GEMV thread keeps in flight: 8 x 16-byte loads. At the
+# ~16 resident warps per SM a one-wave grid gives, that is 64 KB per SM, about
+# twice what Little's law asks of HBM3e (4.3 TB/s x ~1 us / 132 SMs).
+GEMV_BYTES_IN_FLIGHT = 128
 
 
 def _check_tc_gemv(cfg: Config, num: Numerics, vec: Vector) -> None:
@@ -386,31 +377,28 @@ def _check_tc_gemv(cfg: Config, num: Numerics, vec: Vector) -> None:
 
 
 def _row_gemv_regs(cfg: Config, vec: Vector, run: int) -> int:
-    """Live values per thread of the row GEMV: the scales and zeros of the
-    ring's steps (the raw words wait in shared memory), the activation pairs
-    of every row, one vector's words and decoded pairs, the accumulators
-    (fp32 + fp16x2 slots)."""
+    """Live values per thread of the row GEMV: a run of raw words with their
+    scales and zeros, the activation pairs of every row, one decoded vector,
+    the accumulators (fp32 + fp16x2 slots)."""
     mac = gemv_mac(vec)
-    return ((run + 1) * cfg.cols * 2 + cfg.mmax * len(mac.apairs) + vec.words
+    return (run * cfg.cols * (vec.words + 2) + cfg.mmax * len(mac.apairs)
             + len(vec.pairs) + cfg.mmax * cfg.cols * (1 + len(mac.slots)))
 
 
 def gemv_run(cfg: Config, num: Numerics, vec: Vector, scheme: str) -> int:
-    """Steps of weight vectors each thread keeps in flight (cfg.inflight bytes).
-    Row scheme: a step is COLS vectors (tensor-core: the two of a k-block),
-    prefetched by cp.async into a per-thread ring in shared memory; at most 15
-    (the ring's loop is unrolled), fewer if the scales, zeros and accumulators
-    would not fit the registers. Column scheme: a run of consecutive rows
-    inside one scale group (one scale / zero load), held in registers."""
-    if scheme == "row":
-        run = max(1, min(15, cfg.inflight // ((2 if cfg.tc else cfg.cols) * cfg.vbytes)))
-        while not cfg.tc and run > 1 and _row_gemv_regs(cfg, vec, run) > GEMV_REGS:
-            run -= 1
-        return run
+    """Vectors per thread per step (loaded together before any is decoded).
+    Column scheme: consecutive rows inside one scale group, so the run shares
+    one scale / zero load. Row scheme: as long as the registers allow."""
     # mmax >= 4 keeps 4x the accumulators: half the run (gptq at mmax 4 spilled).
-    run = max(1, cfg.inflight // cfg.vbytes // (2 if cfg.mmax >= 4 else 1))
-    if num.group:
+    run = max(1, GEMV_BYTES_IN_FLIGHT // (cfg.vbytes * cfg.cols) // (2 if cfg.mmax >= 4 else 1))
+    if scheme == "col" and num.group:
         while run > 1 and (num.group // vec.k_extent) % run:
+            run //= 2
+    if scheme == "row" and cfg.tc:
+        # k-blocks in flight: two vectors each (rows g and g + 8), both decoded at once.
+        return max(1, GEMV_BYTES_IN_FLIGHT // (2 * cfg.vbytes))
+    if scheme == "row":
+        while run > 1 and _row_gemv_regs(cfg, vec, run) > GEMV_REGS:
             run //= 2
     return run
 
@@ -420,7 +408,7 @@ def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
         vec = g["vec"]
         if g["scheme"] == "row":
             blk = vec.k_extent * (4 if cfg.tc else 1) * cfg.split_k     # tc: k-blocks of 4 vectors
-            return K % blk == 0 and launch_smem(g, cfg, K) - g["ring"] <= GEMV_SMEM_CAP
+            return K % blk == 0 and launch_smem(g, cfg, K) <= GEMV_SMEM_CAP
         if N % vec.n_extent or K % (vec.k_extent * cfg.split_k):
             return False
         # Runs stay inside one scale group only if every slice starts a group's run.
@@ -482,17 +470,14 @@ def all_configs() -> List[Config]:
             for cols in (1, 2, 4):
                 for vb in (16, 8, 4):
                     for sk in GEMV_SPLITS:
-                        for fl in GEMV_INFLIGHT:
-                            out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk,
-                                              mmax=mmax, cols=cols, inflight=fl))
+                        out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax,
+                                          cols=cols))
     # The tensor-core GEMV also takes 9-16 rows: two m-tiles per k-block.
     for mmax in (1, 2, 4, 8, 16):
         for warps in (4, 8):
             for vb in (16, 8, 4):
                 for sk in GEMV_SPLITS:
-                    for fl in GEMV_INFLIGHT:
-                        out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax,
-                                          tc=True, inflight=fl))
+                    out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax, tc=True))
     return out
 
 

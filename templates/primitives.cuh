@@ -28,13 +28,9 @@ DEV void cp_async(void* smem, const void* gmem, bool pred) {
 }
 // cp.async.commit_group
 DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// cp.async.wait_group N: at most N most recent groups still in flight. Also a
-// compiler memory barrier: reads of the landed bytes must not move above it.
+// cp.async.wait_group N: at most N most recent groups still in flight.
 template <int N>
-DEV void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
-// No instruction: the compiler may not move memory accesses across it (e.g. a
-// thread's reads of a shared-memory slot it is about to refill by cp.async).
-DEV void compiler_fence() { asm volatile("" ::: "memory"); }
+DEV void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
 
 // ldmatrix.sync.aligned.m8n8.x4.shared.b16: four 8x8 b16 tiles, lane i gives row address i.
 DEV void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {

@@ -116,21 +116,12 @@ def test_row_gemv_shared_memory_and_columns():
     cfg = planner.Config("gemv", warps=8, vbytes=16, split_k=1, mmax=1, cols=4)
     g = planner.geometry(s, cfg, "sm_90")
     assert g["scheme"] == "row"
-    # one row of fp16 activations, then the prefetch ring: (RUN + 1) steps of
-    # 4 x 16 bytes per thread (RUN = 128 bytes in flight / 64 bytes a step)
-    ring = (128 // 64 + 1) * 4 * 16 * 256
-    assert g["ring"] == ring and g["run"] == 2
-    assert planner.launch_smem(g, cfg, 8192) == 8192 * 2 + ring
-    assert planner.launch_smem(g, cfg, 8032) == 126 * 128 + ring   # 16064 bytes: whole 128-byte lines
+    assert planner.launch_smem(g, cfg, 8192) == 8192 * 2          # one row of fp16 activations
+    assert planner.launch_smem(g, cfg, 8032) == 126 * 128     # 16064 bytes: whole 128-byte lines
     assert planner.grid(s, cfg, 1, 8192) == (8192 // 32, 1, 1)
     # too many staged rows for the cap: needs split-K
     big = planner.Config("gemv", warps=8, vbytes=4, split_k=1, mmax=8, cols=1)
     assert not planner.shape_ok(planner.geometry(s, big, "sm_90"), big, 8192, 8192)
-    # 256 bytes in flight: twice the steps; an inflight that adds none is refused
-    deep = dataclasses.replace(cfg, inflight=256)
-    assert planner.geometry(s, deep, "sm_90")["run"] == 4 and deep.name.endswith("_f256")
-    with pytest.raises(planner.PlanError, match="no longer run"):
-        planner.geometry(s, dataclasses.replace(cfg, vbytes=4, cols=1, inflight=256), "sm_90")
     # columns per warp are a row-GEMV notion
     with pytest.raises(planner.PlanError, match="row GEMV"):
         planner.geometry(spec("gptq_v2_w4a16_g128"), planner.Config("gemv", cols=2, mmax=1), "sm_90")
