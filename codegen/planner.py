@@ -363,9 +363,8 @@ def _check_tc_gemv(cfg: Config, num: Numerics, vec: Vector) -> None:
     """The tensor-core GEMV: a warp's 16 weight rows are the A operand of
     m16n8k16 (each quad of lanes holds 4 consecutive vectors of a row), the
     staged activations the B operand (one m16n8k16 per 8 rows of M, M <= 16);
-    fp32 sums of raw
-    (q - z) [or q, and of a, for q * s - z] are scaled once per k-block of 4
-    vectors, which must therefore lie in one scale group."""
+    fp32 sums of raw (q - z) [or q, and of a, for q * s - z] are scaled once
+    per k-block of 4 vectors, which must therefore lie in one scale group."""
     if cfg.cols != 1:
         raise PlanError("the tensor-core GEMV has 16 columns per warp (cols 1)")
     if cfg.mmax > 16:
@@ -483,9 +482,9 @@ def all_configs() -> List[Config]:
 
 def candidates(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> List[Config]:
     """Valid configurations worth timing for this problem size: GEMV only for
-    M <= 16 (above 8 the tensor-core one) and with the smallest mmax >= M; GEMM tiles between M/4 (at most 64)
-    and 2M rows; split-K only while the grid stays under 8 waves and slices keep
-    4 k-tiles."""
+    M <= 16 (above 8 the tensor-core one) and with the smallest mmax >= M;
+    GEMM tiles between M/4 (at most 64) and 2M rows; predecode from M = 256;
+    split-K only while the grid stays under 8 waves and slices keep 4 k-tiles."""
     check_shape(spec, N, K)
     out, why = [], {}
     for cfg in all_configs():

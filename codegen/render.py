@@ -60,8 +60,6 @@ def _magic_pair(dec, f16: bool, shift: int) -> dict:
 def render(spec: Spec, cfg: planner.Config, arch: str) -> tuple[str, dict]:
     """CUDA source and the launch geometry (dict from planner.geometry) of a
     single-kernel config (a predecode config renders as its planner.stages)."""
-    if cfg.predecode:
-        raise ValueError(f"{cfg.name} launches several kernels: render planner.stages() of it")
     g = planner.geometry(spec, cfg, arch)
     num = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma)
     lay = weight_layout(spec)

@@ -94,7 +94,7 @@ class Kernel:
             self.dequant.launch(dict(ptrs, out=dense), M, N, K, stream)
             ptrs = dict(ptrs, b=dense, s=0, z=0)
         ws, cnt = (0, 0)
-        if self.config.split_k > 1:
+        if self.gemm_config.split_k > 1:
             w, c = self._workspace(M, N, grid, stream.ptr)
             ws, cnt = w.data.ptr, c.data.ptr
         p = lambda k: np.uint64(ptrs.get(k) or 0)
