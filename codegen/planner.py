@@ -43,6 +43,10 @@ class Config:
     mmax: int = 8          # gemv: most rows of a it handles (M <= mmax)
     cols: int = 1          # gemv (weights [N, K]): output columns per warp, sharing activations
     tc: bool = False       # gemv (weights [N, K]): mma.sync on 16 columns per warp, M <= 16
+    prefetch: bool = False  # gemv (SIMT): two register buffers of runs, the next run's
+                            # loads in flight while this one is decoded
+    bulk: bool = False     # gemv (row SIMT): weights stream through a ring of `stages`
+                           # shared-memory slots filled by bulk copies (sm_90)
     min_blocks: int = 1    # gemm: blocks per SM asked of ptxas (__launch_bounds__)
     wgmma: bool = False    # gemm: warpgroup MMA (sm_90a) instead of mma.sync; WM = 64
     predecode: bool = False  # gemm: weights decoded once into a dense [N, K] scratch tensor
@@ -55,7 +59,9 @@ class Config:
         if self.family == "gemv":
             cols = f"_c{self.cols}" if self.cols != 1 else ""
             tc = "_tc" if self.tc else ""
-            return f"gemv_m{self.mmax}_w{self.warps}{cols}_v{self.vbytes}_s{self.split_k}{tc}"
+            pf = "_pf" if self.prefetch else ""
+            bk = f"_bk{self.stages}" if self.bulk else ""
+            return f"gemv_m{self.mmax}_w{self.warps}{cols}_v{self.vbytes}_s{self.split_k}{tc}{pf}{bk}"
         occ = f"_o{self.min_blocks}" if self.min_blocks != 1 else ""
         wg = "_wg" if self.wgmma else ""
         pd = "_pd" if self.predecode else ""
@@ -316,6 +322,14 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
         raise PlanError("weight vector crosses a scale group")
     scheme = "row" if lay.row_axis == "n" else "col"
     run = gemv_run(cfg, num, vec, scheme)
+    if cfg.prefetch and cfg.tc:
+        raise PlanError("prefetch applies to the SIMT GEMV (the tensor-core one loads its first run early)")
+    if cfg.bulk:
+        if not a.bulk_copy:
+            raise PlanError(f"bulk copies need sm_90 (target {a.name})")
+        if cfg.tc or cfg.prefetch or lay.row_axis != "n":
+            raise PlanError("the bulk-copy weight ring is a variant of the SIMT row GEMV "
+                            "(weights [N, K]), without prefetch")
     if scheme == "col":
         if cfg.tc:
             raise PlanError("the tensor-core GEMV takes weights stored [N, K]")
@@ -332,9 +346,10 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     elif _row_gemv_regs(cfg, vec, run) > GEMV_REGS:
         raise PlanError(f"~{_row_gemv_regs(cfg, vec, run)} registers of live values per thread "
                         f"(limit {GEMV_REGS})")
+    ring = cfg.stages * cfg.warps * cfg.cols * 32 * run * vb if cfg.bulk else 0
     return dict(threads=cfg.warps * 32, scheme=scheme, vec=vec, dec=decode_plan(lay, num),
-                smem=GEMV_SMEM_CAP if scheme == "row" else 0, run=run, num_group=num.group,
-                mac=gemv_mac(vec), mac_run=MAC_RUN)
+                smem=GEMV_SMEM_CAP + ring if scheme == "row" else 0, run=run, num_group=num.group,
+                mac=gemv_mac(vec), mac_run=MAC_RUN, ring=ring)
 
 
 # The row GEMV stages its rows of activations in shared memory, [mmax, K / split_k]
@@ -349,7 +364,8 @@ def launch_smem(g: Dict, cfg: Config, K: int) -> int:
     """Dynamic shared memory of one launch: fixed per config, except the row
     GEMV's activation rows, which take K / split_k."""
     if cfg.family == "gemv" and g["scheme"] == "row":
-        return cfg.mmax * -(-(K // cfg.split_k) * 2 // 128) * 128      # rows of whole lines
+        # rows of whole lines, then the bulk copies' weight ring
+        return cfg.mmax * -(-(K // cfg.split_k) * 2 // 128) * 128 + g["ring"]
     return g.get("smem", 0)
 
 
@@ -357,6 +373,13 @@ def launch_smem(g: Dict, cfg: Config, K: int) -> int:
 # ~16 resident warps per SM a one-wave grid gives, that is 64 KB per SM, about
 # twice what Little's law asks of HBM3e (4.3 TB/s x ~1 us / 132 SMs).
 GEMV_BYTES_IN_FLIGHT = 128
+
+
+# Bytes of each weight row one slot of the bulk-copy ring holds: a warp of
+# 16-byte vectors. A slot of the 8-warp, 4-column block is then 16 KB, and
+# `stages` slots in flight per block keep 64+ KB per SM streaming whatever the
+# registers (the register-run GEMV tops out near 50 KB per SM, ~2.3 TB/s).
+BULK_ROW_BYTES = 512
 
 
 def _check_tc_gemv(cfg: Config, num: Numerics, vec: Vector) -> None:
@@ -377,10 +400,11 @@ def _check_tc_gemv(cfg: Config, num: Numerics, vec: Vector) -> None:
 
 def _row_gemv_regs(cfg: Config, vec: Vector, run: int) -> int:
     """Live values per thread of the row GEMV: a run of raw words with their
-    scales and zeros, the activation pairs of every row, one decoded vector,
-    the accumulators (fp32 + fp16x2 slots)."""
+    scales and zeros (two runs with prefetch), the activation pairs of every
+    row, one decoded vector, the accumulators (fp32 + fp16x2 slots)."""
     mac = gemv_mac(vec)
-    return (run * cfg.cols * (vec.words + 2) + cfg.mmax * len(mac.apairs)
+    buffers = 2 if cfg.prefetch else 1
+    return (buffers * run * cfg.cols * (vec.words + 2) + cfg.mmax * len(mac.apairs)
             + len(vec.pairs) + cfg.mmax * cfg.cols * (1 + len(mac.slots)))
 
 
@@ -389,7 +413,12 @@ def gemv_run(cfg: Config, num: Numerics, vec: Vector, scheme: str) -> int:
     Column scheme: consecutive rows inside one scale group, so the run shares
     one scale / zero load. Row scheme: as long as the registers allow."""
     # mmax >= 4 keeps 4x the accumulators: half the run (gptq at mmax 4 spilled).
-    run = max(1, GEMV_BYTES_IN_FLIGHT // (cfg.vbytes * cfg.cols) // (2 if cfg.mmax >= 4 else 1))
+    # Prefetch: the two buffers together hold what one run holds without it.
+    if cfg.bulk:
+        # Each lane's share of one ring slot's BULK_ROW_BYTES piece of a row.
+        return max(1, BULK_ROW_BYTES // (32 * cfg.vbytes))
+    run = max(1, GEMV_BYTES_IN_FLIGHT // (cfg.vbytes * cfg.cols) // (2 if cfg.mmax >= 4 else 1)
+              // (2 if cfg.prefetch else 1))
     if scheme == "col" and num.group:
         while run > 1 and (num.group // vec.k_extent) % run:
             run //= 2
@@ -407,7 +436,9 @@ def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
         vec = g["vec"]
         if g["scheme"] == "row":
             blk = vec.k_extent * (4 if cfg.tc else 1) * cfg.split_k     # tc: k-blocks of 4 vectors
-            return K % blk == 0 and launch_smem(g, cfg, K) <= GEMV_SMEM_CAP
+            if cfg.bulk and (K // cfg.split_k) * g["vec"].vbytes // vec.k_extent % 16:
+                return False    # bulk copies move whole 16-byte units of each row's slice
+            return K % blk == 0 and launch_smem(g, cfg, K) <= GEMV_SMEM_CAP + g["ring"]
         if N % vec.n_extent or K % (vec.k_extent * cfg.split_k):
             return False
         # Runs stay inside one scale group only if every slice starts a group's run.
@@ -469,8 +500,9 @@ def all_configs() -> List[Config]:
             for cols in (1, 2, 4):
                 for vb in (16, 8, 4):
                     for sk in GEMV_SPLITS:
-                        out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax,
-                                          cols=cols))
+                        for pf, bk in ((False, False), (True, False), (False, True)):
+                            out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax,
+                                              cols=cols, prefetch=pf, bulk=bk))
     # The tensor-core GEMV also takes 9-16 rows: two m-tiles per k-block.
     for mmax in (1, 2, 4, 8, 16):
         for warps in (4, 8):

@@ -246,6 +246,27 @@ def test_every_row_gemv(name, M, record):
     check_all(spec, cfgs, M, N, K, record)
 
 
+def _column_gemv_specs():
+    """Specs whose weights are stored [K, N] (GPTQ, AWQ): the column GEMV."""
+    from opgen.codegen.lower import weight_layout
+    return [n for n in MATMUL_SPECS
+            if weight_layout(load_spec(shipped_specs()[n])).row_axis == "k"
+            and load_spec(shipped_specs()[n]).a.dtype in ("float16", "bfloat16")]
+
+
+@pytest.mark.parametrize("name", _column_gemv_specs())
+@pytest.mark.parametrize("M", [1, 3, 7])
+def test_every_column_gemv(name, M, record):
+    """Every column-GEMV config (vector width, split-K, rows of activations,
+    with and without the prefetched second run) at N = 288 and K = 1152: the
+    warps' runs end part-way through the slice (prefetch past the end)."""
+    from opgen.runtime.device import current_arch
+    spec = load_spec(shipped_specs()[name])
+    N, K = 288, 1152
+    cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.family == "gemv"]
+    check_all(spec, cfgs, M, N, K, record)
+
+
 PREDECODE_SPECS = [n for n in MATMUL_SPECS
                    if any(c.predecode for c in planner.candidates(load_spec(shipped_specs()[n]),
                                                                   "sm_90", 1024, 4096, 4096))]

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Nsight Compute on chosen configs (the H200 kind runs on Firecracker, where
+# ncu reads the hardware counters). $PROFILES: entries "SPEC:CONFIG:M" at
+# N = K = 8192. Clocks are left alone (--clock-control none, METHOD.md).
+# Writes $OUT/ncu.txt: per kernel speed of light, occupancy, warp stall
+# reasons, scheduler and memory statistics.
+set -u
+OUT=${OUT:-/tmp/opgen_out}; mkdir -p "$OUT"
+export OPGEN_CACHE_DIR=${OPGEN_CACHE_DIR:-/tmp/opgen_cache} PYTHONUNBUFFERED=1
+for entry in ${PROFILES:-}; do
+  IFS=: read -r spec cfg m <<< "$entry"
+  echo "=== $spec $cfg M=$m" >> "$OUT/ncu.txt"
+  timeout "${T_NCU:-90}" ncu --clock-control none -k "regex:gem" --launch-skip 3 --launch-count 1 \
+    --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+    --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats \
+    python3 bench/profile_one.py "$spec" "$cfg" --M "$m" --launches 5 >> "$OUT/ncu.txt" 2>&1 \
+    || echo "!! $entry exited $?" >> "$OUT/ncu.txt"
+done
+grep -E "^===|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|SM Frequency|Registers Per|Issued Ipc|No Eligible|Stall" "$OUT/ncu.txt" | head -120
