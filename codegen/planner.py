@@ -43,10 +43,8 @@ class Config:
     mmax: int = 8          # gemv: most rows of a it handles (M <= mmax)
     cols: int = 1          # gemv (weights [N, K]): output columns per warp, sharing activations
     tc: bool = False       # gemv (weights [N, K]): mma.sync on 16 columns per warp, M <= 16
-    prefetch: bool = False  # gemv (SIMT): two register buffers of runs, the next run's
-                            # loads in flight while this one is decoded
-    bulk: bool = False     # gemv (row SIMT): weights stream through a ring of `stages`
-                           # shared-memory slots filled by bulk copies (sm_90)
+    prefetch: bool = False  # gemv (row SIMT): two register buffers of runs, the next
+                            # run's loads in flight while this one is decoded
     min_blocks: int = 1    # gemm: blocks per SM asked of ptxas (__launch_bounds__)
     wgmma: bool = False    # gemm: warpgroup MMA (sm_90a) instead of mma.sync; WM = 64
     predecode: bool = False  # gemm: weights decoded once into a dense [N, K] scratch tensor
@@ -60,8 +58,7 @@ class Config:
             cols = f"_c{self.cols}" if self.cols != 1 else ""
             tc = "_tc" if self.tc else ""
             pf = "_pf" if self.prefetch else ""
-            bk = f"_bk{self.stages}" if self.bulk else ""
-            return f"gemv_m{self.mmax}_w{self.warps}{cols}_v{self.vbytes}_s{self.split_k}{tc}{pf}{bk}"
+            return f"gemv_m{self.mmax}_w{self.warps}{cols}_v{self.vbytes}_s{self.split_k}{tc}{pf}"
         occ = f"_o{self.min_blocks}" if self.min_blocks != 1 else ""
         wg = "_wg" if self.wgmma else ""
         pd = "_pd" if self.predecode else ""
@@ -322,14 +319,9 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
         raise PlanError("weight vector crosses a scale group")
     scheme = "row" if lay.row_axis == "n" else "col"
     run = gemv_run(cfg, num, vec, scheme)
-    if cfg.prefetch and cfg.tc:
-        raise PlanError("prefetch applies to the SIMT GEMV (the tensor-core one loads its first run early)")
-    if cfg.bulk:
-        if not a.bulk_copy:
-            raise PlanError(f"bulk copies need sm_90 (target {a.name})")
-        if cfg.tc or cfg.prefetch or lay.row_axis != "n":
-            raise PlanError("the bulk-copy weight ring is a variant of the SIMT row GEMV "
-                            "(weights [N, K]), without prefetch")
+    if cfg.prefetch and (cfg.tc or lay.row_axis != "n"):
+        raise PlanError("prefetch applies to the SIMT row GEMV (weights [N, K]; the "
+                        "tensor-core one loads its first run early)")
     if scheme == "col":
         if cfg.tc:
             raise PlanError("the tensor-core GEMV takes weights stored [N, K]")
@@ -346,10 +338,9 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     elif _row_gemv_regs(cfg, vec, run) > GEMV_REGS:
         raise PlanError(f"~{_row_gemv_regs(cfg, vec, run)} registers of live values per thread "
                         f"(limit {GEMV_REGS})")
-    ring = cfg.stages * cfg.warps * cfg.cols * 32 * run * vb if cfg.bulk else 0
     return dict(threads=cfg.warps * 32, scheme=scheme, vec=vec, dec=decode_plan(lay, num),
-                smem=GEMV_SMEM_CAP + ring if scheme == "row" else 0, run=run, num_group=num.group,
-                mac=gemv_mac(vec), mac_run=MAC_RUN, ring=ring)
+                smem=GEMV_SMEM_CAP if scheme == "row" else 0, run=run, num_group=num.group,
+                mac=gemv_mac(vec), mac_run=MAC_RUN)
 
 
 # The row GEMV stages its rows of activations in shared memory, [mmax, K / split_k]
@@ -364,8 +355,7 @@ def launch_smem(g: Dict, cfg: Config, K: int) -> int:
     """Dynamic shared memory of one launch: fixed per config, except the row
     GEMV's activation rows, which take K / split_k."""
     if cfg.family == "gemv" and g["scheme"] == "row":
-        # rows of whole lines, then the bulk copies' weight ring
-        return cfg.mmax * -(-(K // cfg.split_k) * 2 // 128) * 128 + g["ring"]
+        return cfg.mmax * -(-(K // cfg.split_k) * 2 // 128) * 128      # rows of whole lines
     return g.get("smem", 0)
 
 
@@ -373,13 +363,6 @@ def launch_smem(g: Dict, cfg: Config, K: int) -> int:
 # ~16 resident warps per SM a one-wave grid gives, that is 64 KB per SM, about
 # twice what Little's law asks of HBM3e (4.3 TB/s x ~1 us / 132 SMs).
 GEMV_BYTES_IN_FLIGHT = 128
-
-
-# Bytes of each weight row one slot of the bulk-copy ring holds: a warp of
-# 16-byte vectors. A slot of the 8-warp, 4-column block is then 16 KB, and
-# `stages` slots in flight per block keep 64+ KB per SM streaming whatever the
-# registers (the register-run GEMV tops out near 50 KB per SM, ~2.3 TB/s).
-BULK_ROW_BYTES = 512
 
 
 def _check_tc_gemv(cfg: Config, num: Numerics, vec: Vector) -> None:
@@ -414,9 +397,6 @@ def gemv_run(cfg: Config, num: Numerics, vec: Vector, scheme: str) -> int:
     one scale / zero load. Row scheme: as long as the registers allow."""
     # mmax >= 4 keeps 4x the accumulators: half the run (gptq at mmax 4 spilled).
     # Prefetch: the two buffers together hold what one run holds without it.
-    if cfg.bulk:
-        # Each lane's share of one ring slot's BULK_ROW_BYTES piece of a row.
-        return max(1, BULK_ROW_BYTES // (32 * cfg.vbytes))
     run = max(1, GEMV_BYTES_IN_FLIGHT // (cfg.vbytes * cfg.cols) // (2 if cfg.mmax >= 4 else 1)
               // (2 if cfg.prefetch else 1))
     if scheme == "col" and num.group:
@@ -436,9 +416,7 @@ def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
         vec = g["vec"]
         if g["scheme"] == "row":
             blk = vec.k_extent * (4 if cfg.tc else 1) * cfg.split_k     # tc: k-blocks of 4 vectors
-            if cfg.bulk and (K // cfg.split_k) * g["vec"].vbytes // vec.k_extent % 16:
-                return False    # bulk copies move whole 16-byte units of each row's slice
-            return K % blk == 0 and launch_smem(g, cfg, K) <= GEMV_SMEM_CAP + g["ring"]
+            return K % blk == 0 and launch_smem(g, cfg, K) <= GEMV_SMEM_CAP
         if N % vec.n_extent or K % (vec.k_extent * cfg.split_k):
             return False
         # Runs stay inside one scale group only if every slice starts a group's run.
@@ -500,9 +478,11 @@ def all_configs() -> List[Config]:
             for cols in (1, 2, 4):
                 for vb in (16, 8, 4):
                     for sk in GEMV_SPLITS:
-                        for pf, bk in ((False, False), (True, False), (False, True)):
+                        # prefetch: only unsplit or 2-way (split-K shortens each
+                        # warp's k-range, so there is less to overlap)
+                        for pf in ((False, True) if sk <= 2 else (False,)):
                             out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax,
-                                              cols=cols, prefetch=pf, bulk=bk))
+                                              cols=cols, prefetch=pf))
     # The tensor-core GEMV also takes 9-16 rows: two m-tiles per k-block.
     for mmax in (1, 2, 4, 8, 16):
         for warps in (4, 8):
@@ -608,8 +588,12 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
         def gscore(c: Config):
             warps, idle = gemv_fill(spec, c, M, N, K)
             # Then: no split-K, the most columns per warp (activations read
-            # once for all of them), the widest loads.
-            return (-min(warps, 12 * sms), idle > 0, c.split_k, -c.cols, -c.vbytes, c.warps != 8)
+            # once for all of them), the widest loads; prefetch with 16-byte
+            # vectors (bench/results/h200/verify2: w8 c4 v16 s1 3-8 % faster
+            # for every row spec; with 8-byte ones 1-bit codes took 255
+            # registers and lost 24 %).
+            return (-min(warps, 12 * sms), idle > 0, c.split_k, -c.cols, -c.vbytes, c.warps != 8,
+                    c.prefetch != (c.vbytes == 16))
         return min(gemv, key=gscore)
 
     # Large M: decode the weights once, then the dense GEMM.

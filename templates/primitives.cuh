@@ -32,42 +32,6 @@ DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 DEV void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
 
-// mbarrier.init.shared::cta.b64 [bar], count: a barrier that completes a phase
-// after `count` arrivals and all the bytes it was told to expect.
-DEV void mbar_init(uint64_t* bar, int count) {
-  uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(s), "r"(count) : "memory");
-}
-// fence.mbarrier_init.release.cluster: initialised barriers visible to the
-// copy engine (then a __syncthreads for the block's threads).
-DEV void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-// mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], bytes: one arrival, and
-// the phase also waits for `bytes` of bulk copies to land.
-DEV void mbar_arrive_expect_tx(uint64_t* bar, int bytes) {
-  uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(s), "r"(bytes) : "memory");
-}
-// mbarrier.try_wait.parity.shared::cta.b64, until the phase of this parity completed.
-DEV void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(bar)), done;
-  do {
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(s), "r"(parity) : "memory");
-  } while (!done);
-}
-// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes: `bytes`
-// (a multiple of 16, both addresses 16-byte aligned) copied by the copy engine,
-// counted against bar's expected bytes as they land.
-DEV void bulk_g2s(void* smem, const void* gmem, int bytes, uint64_t* bar) {
-  uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               :: "r"(d), "l"(gmem), "r"(bytes), "r"(b) : "memory");
-}
-// fence.proxy.async.shared::cta: this thread's generic shared-memory accesses
-// ordered before the copy engine's next writes (a slot's reuse).
-DEV void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
 // ldmatrix.sync.aligned.m8n8.x4.shared.b16: four 8x8 b16 tiles, lane i gives row address i.
 DEV void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
   uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));

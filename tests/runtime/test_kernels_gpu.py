@@ -257,9 +257,8 @@ def _column_gemv_specs():
 @pytest.mark.parametrize("name", _column_gemv_specs())
 @pytest.mark.parametrize("M", [1, 3, 7])
 def test_every_column_gemv(name, M, record):
-    """Every column-GEMV config (vector width, split-K, rows of activations,
-    with and without the prefetched second run) at N = 288 and K = 1152: the
-    warps' runs end part-way through the slice (prefetch past the end)."""
+    """Every column-GEMV config (vector width, split-K, rows of activations)
+    at N = 288 and K = 1152: the warps' runs end part-way through the slice."""
     from opgen.runtime.device import current_arch
     spec = load_spec(shipped_specs()[name])
     N, K = 288, 1152
