@@ -1,0 +1,40 @@
+"""The README's H200 table, printed from a bench JSON (no figure typed in):
+
+    python3 bench/readme_table.py bench/results/h200/run3/bench.json [--N 8192 --K 8192]
+
+One row per spec (µs per M at the shape), then the peers; medians as the
+bench measured them."""
+import argparse
+import json
+
+
+def fmt(us):
+    if us is None:
+        return "—"
+    return f"{us:.1f}" if us < 1000 else f"{us:.0f}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("bench_json")
+    p.add_argument("--N", type=int, default=8192)
+    p.add_argument("--K", type=int, default=8192)
+    a = p.parse_args(argv)
+    d = json.load(open(a.bench_json))
+    rows = [r for r in d["rows"] if (r["N"], r["K"]) == (a.N, a.K)]
+    Ms = sorted({r["M"] for r in rows})
+    print("| spec | " + " | ".join(f"M={M}" for M in Ms) + " |")
+    print("| --- |" + " ---: |" * len(Ms))
+    for spec in dict.fromkeys(r["spec"] for r in rows):
+        by_m = {r["M"]: r.get("opgen_us") for r in rows if r["spec"] == spec}
+        print(f"| {spec} | " + " | ".join(fmt(by_m.get(M)) for M in Ms) + " |")
+    peers = [p for p in d.get("peers", []) if isinstance(p, str)] or \
+        ["cublas_fp16", "tinygemm_int4", "int_mm", "scaled_mm"]
+    pr = {r["M"]: r for r in d["peer_rows"] if (r["N"], r["K"]) == (a.N, a.K)}
+    for peer in peers:
+        print(f"| {peer} | " + " | ".join(fmt(pr.get(M, {}).get(f"{peer}_us")) for M in Ms) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
