@@ -443,8 +443,24 @@ STAGES = (3, 4, 5)
 # Predecode writes and re-reads 2 bytes per weight (N x K x 2 scratch): worth
 # trying only where the fused GEMM decodes every weight M / BM >= 2 times.
 PREDECODE_MIN_M = 256
-PREDECODE_M = 2048           # where the heuristic takes it (verify1 sweep: w4a16_sym M = 1024
-                             # fused 306 us, predecode 337; gptq_v2 M = 4096 fused 1715, predecode 1125)
+# Where the heuristic takes it, by what the fused GEMM pays per decoded tile
+# (tuner logs in bench/results/h200/run3, all five bench shapes): without a
+# fused wgmma path (AWQ's [K, N] words) from M = 256 (1.17-1.36x there, 2.5x
+# at 1024); with zero points loaded per group from 512 (gptq_v2 M=512 1.33x,
+# M=1024 1.19-1.38x for GPTQ, 1.05-1.20x w1a16); else from 2048 (w4a16_sym,
+# w2a16, bitnet, fp16 weights: fused at 1024 is as fast or faster).
+PREDECODE_M = {"no_fused_wgmma": PREDECODE_MIN_M, "zero_points": 512, "other": 2048}
+
+
+def predecode_from(spec: Spec, cands: List[Config]) -> int:
+    """The M from which the heuristic picks a predecode config (PREDECODE_M)."""
+    if not any(c.wgmma and not c.predecode for c in cands):
+        return PREDECODE_M["no_fused_wgmma"]
+    if numerics(spec).zero_kind in ("int", "float"):
+        return PREDECODE_M["zero_points"]
+    return PREDECODE_M["other"]
+
+
 SPLITS = (1, 2, 4, 8)
 # GEMV column blocks are 32 vectors wide (512-1024 columns for AWQ): narrow N
 # needs deeper split-K to fill the SMs.
@@ -569,7 +585,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     M = 2-16 the tensor-core GEMV; for decode (M <= 4) the GEMV whose
     grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
     then the fewest split-K slices, the most columns per warp and the widest
-    loads; for M >= 2048 decoded weights a predecode config; else a GEMM (wgmma on
+    loads; decoded weights from `predecode_from` on a predecode config; else a GEMM (wgmma on
     sm_90 above M = 64, or 32 for dense operands) with enough blocks (split-K
     up to ~2 per SM for M <= 64), the least padding of M, as tall and 128 (256
     for M >= 1024 with wgmma) wide, the fewest split-K slices. The rules follow
@@ -598,7 +614,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
 
     # Large M: decode the weights once, then the dense GEMM.
     pd = [c for c in cands if c.predecode]
-    if M >= PREDECODE_M and pd:
+    if pd and M >= predecode_from(spec, cands):
         cands = pd
     else:
         cands = [c for c in cands if not c.predecode]

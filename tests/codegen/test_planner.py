@@ -157,7 +157,7 @@ def test_tensor_core_gemv_rules():
 def test_predecode_stages(name):
     """Decoded weights at large M: the dequant stage of the spec, then the dense
     GEMM of its twin (activation-dtype weights [N, K], no scales); offered from
-    M = 256, picked by the heuristic from M = 2048; never for dense weights."""
+    M = 256, picked by the heuristic from `predecode_from`; never for dense weights."""
     s = spec(name)
     decoded = not planner.numerics(s).dense and s.a.dtype in ("float16", "bfloat16")
     assert not any(c.predecode for c in planner.candidates(s, "sm_90", 255, 4096, 4096))
@@ -174,4 +174,16 @@ def test_predecode_stages(name):
     assert planner.geometry(s, pick, "sm_90")["predecode"]
     assert planner.geometry(s, dq, "sm_90")["b_kmajor"]      # [N, K] rows out
     assert planner.grid(s, dq, 4096, 8192) == (8192 // dq.BN, planner.DEQUANT_KSPLIT, 1)
-    assert not planner.heuristic(s, "sm_90", 1024, 4096, 4096).predecode
+    start = planner.predecode_from(s, planner.candidates(s, "sm_90", 1024, 4096, 4096))
+    assert planner.heuristic(s, "sm_90", start, 4096, 4096).predecode
+    assert not planner.heuristic(s, "sm_90", start - 1, 4096, 4096).predecode
+
+
+@pytest.mark.parametrize("name,start", [("awq_w4a16_g128", 256), ("gptq_v2_w4a16_g128", 512),
+                                        ("w1a16_g128", 512), ("w4a16_sym_g128", 2048),
+                                        ("bnb_nf4", 2048)])
+def test_predecode_from(name, start):
+    """The measured thresholds (tuner logs, bench/results/h200/run3): no fused
+    wgmma (AWQ) from 256, per-group zero points from 512, the rest from 2048."""
+    s = spec(name)
+    assert planner.predecode_from(s, planner.candidates(s, "sm_90", 1024, 8192, 8192)) == start
