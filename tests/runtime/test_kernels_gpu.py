@@ -220,19 +220,20 @@ def test_every_candidate(name, M, record):
     check_all(spec, planner.candidates(spec, current_arch(), M, N, K), M, N, K, record)
 
 
-def _row_gemv_specs():
-    """Specs whose weights are stored [N, K]: the row GEMV, activations staged
-    in shared memory."""
+def _gemv_specs(row_axis):
+    """Specs with fp16/bf16 activations whose weights are stored [N, K]
+    (row_axis "n": the row GEMV, activations staged in shared memory) or
+    [K, N] ("k", GPTQ and AWQ: the column GEMV)."""
     from opgen.codegen.lower import weight_layout
     out = []
     for name in MATMUL_SPECS:
         spec = load_spec(shipped_specs()[name])
-        if spec.a.dtype in ("float16", "bfloat16") and weight_layout(spec).row_axis == "n":
+        if spec.a.dtype in ("float16", "bfloat16") and weight_layout(spec).row_axis == row_axis:
             out.append(name)
     return out
 
 
-@pytest.mark.parametrize("name", _row_gemv_specs())
+@pytest.mark.parametrize("name", _gemv_specs("n"))
 @pytest.mark.parametrize("M", [1, 3, 7, 12])
 def test_every_row_gemv(name, M, record):
     """Every row-GEMV config (columns per warp, vector width, split-K, rows
@@ -246,15 +247,7 @@ def test_every_row_gemv(name, M, record):
     check_all(spec, cfgs, M, N, K, record)
 
 
-def _column_gemv_specs():
-    """Specs whose weights are stored [K, N] (GPTQ, AWQ): the column GEMV."""
-    from opgen.codegen.lower import weight_layout
-    return [n for n in MATMUL_SPECS
-            if weight_layout(load_spec(shipped_specs()[n])).row_axis == "k"
-            and load_spec(shipped_specs()[n]).a.dtype in ("float16", "bfloat16")]
-
-
-@pytest.mark.parametrize("name", _column_gemv_specs())
+@pytest.mark.parametrize("name", _gemv_specs("k"))
 @pytest.mark.parametrize("M", [1, 3, 7])
 def test_every_column_gemv(name, M, record):
     """Every column-GEMV config (vector width, split-K, rows of activations)
