@@ -586,7 +586,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
     then the fewest split-K slices, the most columns per warp and the widest
     loads; decoded weights from `predecode_from` on a predecode config; else a GEMM (wgmma on
-    sm_90 above M = 64, or 32 for dense operands) with enough blocks (split-K
+    sm_90 above M = 32) with enough blocks (split-K
     up to ~2 per SM for M <= 64), the least padding of M, as tall and 128 (256
     for M >= 1024 with wgmma) wide, the fewest split-K slices. The rules follow
     the sweeps in bench/results/h200/sweeps; the tuner replaces them per shape."""
@@ -618,12 +618,14 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
         cands = pd
     else:
         cands = [c for c in cands if not c.predecode]
-    # Measured on the H200 (bench/NOTES.md): wgmma wins above M = 64 (from
-    # M = 33 when the weights need no decode); mma.sync below.
+    # Measured on the H200: wgmma wins from M = 33 on, mma.sync below (dense
+    # operands: sweep 3; decoded weights: the run3 tuning logs, where a wgmma
+    # config won the M = 64 bucket in 48 of 60 records, 1.1-1.9x over the
+    # mma.sync pick the heuristic then made).
     wg = [c for c in cands if c.wgmma]
     # (a predecode config's GEMM is a dense one)
     dense = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).dense or all(c.predecode for c in cands)
-    if wg and M > (32 if dense else 64):
+    if wg and M > 32:
         cands = wg
     else:
         cands = [c for c in cands if not c.wgmma] or cands
