@@ -28,10 +28,8 @@ def main(argv=None) -> int:
     for spec in dict.fromkeys(r["spec"] for r in rows):
         by_m = {r["M"]: r.get("opgen_us") for r in rows if r["spec"] == spec}
         print(f"| {spec} | " + " | ".join(fmt(by_m.get(M)) for M in Ms) + " |")
-    peers = [p for p in d.get("peers", []) if isinstance(p, str)] or \
-        ["cublas_fp16", "tinygemm_int4", "int_mm", "scaled_mm"]
     pr = {r["M"]: r for r in d["peer_rows"] if (r["N"], r["K"]) == (a.N, a.K)}
-    for peer in peers:
+    for peer in d["peers"]:
         print(f"| {peer} | " + " | ".join(fmt(pr.get(M, {}).get(f"{peer}_us")) for M in Ms) + " |")
     return 0
 
