@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     p.add_argument("--N", type=int, required=True)
     p.add_argument("--K", type=int, required=True)
     p.add_argument("--M", default="1")
-    p.add_argument("--only", choices=["gemm", "gemv", "wgmma"], help="one kernel family")
+    p.add_argument("--only", choices=["gemm", "gemv", "wgmma", "tma"], help="one kernel family")
     p.add_argument("--budget-ms", type=float, default=5.0)
     p.add_argument("--out", help="append JSON lines here")
     args = p.parse_args(argv)
@@ -34,7 +34,8 @@ def main(argv=None) -> int:
     arch = current_arch()
     Ms = [int(m) for m in args.M.split(",")]
     def wanted(c):
-        return args.only in (None, c.family) or (args.only == "wgmma" and c.wgmma)
+        return (args.only in (None, c.family) or (args.only == "wgmma" and c.wgmma)
+                or (args.only == "tma" and c.tma))
     per_M = {M: [c for c in planner.candidates(spec, arch, M, args.N, args.K) if wanted(c)]
              for M in Ms}
     jobs = {(spec, c, arch) for cs in per_M.values() for c in cs}

@@ -19,13 +19,14 @@ class Arch:
     max_threads_per_sm: int
     fp8_mma: bool             # mma.sync ...e4m3 exists (sm_89+)
     wgmma: bool = False       # warpgroup MMA from shared memory (sm_90a)
+    tma: bool = False         # TMA tensor copies, mbarrier tx counts, clusters (sm_90a)
 
 
 ARCHS = {
     "sm_80": Arch("sm_80", 80, 163 * 1024, 164 * 1024, 65536, 2048, False),
     "sm_86": Arch("sm_86", 86, 99 * 1024, 100 * 1024, 65536, 1536, False),
     "sm_89": Arch("sm_89", 89, 99 * 1024, 100 * 1024, 65536, 1536, True),
-    "sm_90": Arch("sm_90", 90, 227 * 1024, 228 * 1024, 65536, 2048, True, wgmma=True),
+    "sm_90": Arch("sm_90", 90, 227 * 1024, 228 * 1024, 65536, 2048, True, wgmma=True, tma=True),
 }
 
 

@@ -49,6 +49,10 @@ class Config:
     wgmma: bool = False    # gemm: warpgroup MMA (sm_90a) instead of mma.sync; WM = 64
     predecode: bool = False  # gemm: weights decoded once into a dense [N, K] scratch tensor
                              # (a "dequant" launch), then the dense GEMM on it (large M)
+    tma: bool = False      # gemm (wgmma, dense operands): tiles loaded by TMA from a producer
+                           # warp into an mbarrier ring, MMA warpgroups only compute
+    cluster: int = 1       # gemm (tma): blocks of consecutive m-tiles sharing each weight
+                           # tile, which TMA multicasts to all of them (halves its L2 reads)
 
     @property
     def name(self) -> str:
@@ -62,8 +66,10 @@ class Config:
         occ = f"_o{self.min_blocks}" if self.min_blocks != 1 else ""
         wg = "_wg" if self.wgmma else ""
         pd = "_pd" if self.predecode else ""
+        tma = "_tma" if self.tma else ""
+        cl = f"_x{self.cluster}" if self.cluster != 1 else ""
         return (f"gemm_{self.BM}x{self.BN}x{self.BK}_w{self.WM}x{self.WN}"
-                f"_p{self.stages}_s{self.split_k}{occ}{wg}{pd}")
+                f"_p{self.stages}_s{self.split_k}{occ}{wg}{tma}{cl}{pd}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -136,6 +142,8 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
         dense = geometry(dense_twin(spec), dataclasses.replace(cfg, predecode=False), arch)
         return dict(dense, predecode=True)
     ce = mma.a_bytes
+    if cfg.tma or cfg.cluster != 1:
+        return _tma_geometry(spec, cfg, a, num, lay, mma)
     BM, BN, BK, WM, WN = cfg.BM, cfg.BN, cfg.BK, cfg.WM, cfg.WN
     if BM % WM or BN % WN or WM % 16 or WN % 16:
         raise PlanError("warp tile must divide the block tile, in multiples of 16")
@@ -196,6 +204,46 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
         raise PlanError(f"{acc_regs} accumulator registers per thread")
     g.update(smem=smem, grid_tiles=(BN, BM), wgmma=cfg.wgmma, inflight=inflight)
     return g
+
+
+# Registers per thread after setmaxnreg (tma GEMM with two MMA warpgroups):
+# 128 x 40 + 256 x 232 = 64512 of the SM's 65536.
+TMA_PRODUCER_REGS, TMA_CONSUMER_REGS = 40, 232
+
+
+def _tma_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma) -> Dict:
+    """The warp-specialized GEMM (gemm_tma.cu.j2): dense K-major operands, one
+    producer warpgroup issuing TMA loads into a STAGES-deep mbarrier ring, one
+    or two MMA warpgroups, optional multicast of the weight tile to a cluster
+    of blocks along M."""
+    if not cfg.tma:
+        raise PlanError("clusters are for tma configs")
+    if not (a.tma and cfg.wgmma):
+        raise PlanError(f"tma configs are wgmma configs on sm_90a (target {a.name})")
+    if not num.dense or lay.row_axis != "n":
+        raise PlanError("tma configs take dense weights stored [N, K]")
+    ce = mma.a_bytes
+    _check_wgmma(cfg, a, num, lay, ce)
+    if cfg.split_k != 1 or cfg.min_blocks != 1:
+        raise PlanError("tma configs run the whole K in one block (split_k 1, min_blocks 1)")
+    if cfg.cluster not in (1, 2):
+        raise PlanError("clusters of 1 or 2 blocks")
+    if cfg.stages < 2:
+        raise PlanError("the tma ring needs at least 2 stages")
+    consumers = (cfg.BM // 64) * (cfg.BN // cfg.WN)
+    if consumers > 2:
+        raise PlanError(f"{consumers} MMA warpgroups (at most 2)")
+    rowb = cfg.BK * ce                                  # 128: one swizzle atom per row
+    stage = (cfg.BM + cfg.BN) * rowb                    # multiples of 1024 bytes
+    smem = cfg.stages * stage + 1024                    # + slack to align the base
+    if smem + STATIC_SMEM_RESERVE > a.smem_per_block:
+        raise PlanError(f"{smem} bytes of shared memory > {a.smem_per_block} on sm_90")
+    return dict(threads=128 * (consumers + 1), consumers=consumers, ce=ce, a_bytes=ce,
+                a_decode=False, mma_ptx=mma.ptx, acc_int=mma.acc == "s32", dense=True,
+                b_kmajor=True, rowb=rowb, stage_bytes=stage, smem=smem, grid_tiles=(cfg.BN, cfg.BM),
+                wgmma=True, tma=True, inflight=1, target=hw.WGMMA_TARGET[a.name],
+                wgmma_types=hw.WGMMAS[num.mma].types, wgmma_tail=hw.WGMMAS[num.mma].tail,
+                regs=(TMA_PRODUCER_REGS, TMA_CONSUMER_REGS) if consumers == 2 else None)
 
 
 def _decoded_tile(lay: Layout, num: Numerics, BN: int, BK: int, kmajor: bool) -> Dict:
@@ -440,6 +488,8 @@ GEMM_TILES = [
 WGMMA_TILES = [(64, 64, 64), (64, 128, 128), (64, 256, 256), (64, 256, 128), (128, 128, 128),
                (128, 256, 256)]
 STAGES = (3, 4, 5)
+# The tma ring holds whole stages of A and B; deeper rings for the small tiles.
+TMA_STAGES = (3, 4, 6, 8)
 # Predecode writes and re-reads 2 bytes per weight (N x K x 2 scratch): worth
 # trying only where the fused GEMM decodes every weight M / BM >= 2 times.
 PREDECODE_MIN_M = 256
@@ -489,6 +539,15 @@ def all_configs() -> List[Config]:
         if BM == 128:
             for stages in STAGES:
                 out.append(Config("gemm", BM, BN, 64, 64, WN, stages, 1, wgmma=True, predecode=True))
+    for (BM, BN, WN) in WGMMA_TILES:
+        for BK in (64, 128):
+            for stages in TMA_STAGES:
+                for cl in (1, 2):
+                    out.append(Config("gemm", BM, BN, BK, 64, WN, stages, 1, wgmma=True, tma=True,
+                                      cluster=cl))
+                    if BM == 128 and BK == 64 and stages <= 4:
+                        out.append(Config("gemm", BM, BN, BK, 64, WN, stages, 1, wgmma=True,
+                                          tma=True, cluster=cl, predecode=True))
     for mmax in (1, 2, 4, 8):
         for warps in (4, 8):
             for cols in (1, 2, 4):
@@ -527,6 +586,8 @@ def candidates(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) ->
             tallest = max(64 if cfg.wgmma and M > 8 else 16, 2 * M)
             if cfg.BM > tallest or cfg.BM < min(64, M // 4):
                 continue
+            if cfg.cluster > 1 and M <= cfg.BM:
+                continue        # one m-tile: nobody to share the weight tile with
             tiles = -(-N // cfg.BN) * -(-M // cfg.BM)
             if cfg.split_k > 1 and (tiles * cfg.split_k > 8 * sms or K // cfg.split_k < 4 * cfg.BK):
                 continue
@@ -550,7 +611,9 @@ def grid(spec: Spec, cfg: Config, M: int, N: int) -> Tuple[int, int, int]:
     columns (`cols` columns per warp when weights are [N, K], one lane per
     weight vector when [K, N]) by split-K slice."""
     if cfg.family == "gemm":
-        return (-(-N // cfg.BN), -(-M // cfg.BM), cfg.split_k)
+        m_tiles = -(-M // cfg.BM)
+        m_tiles += -m_tiles % cfg.cluster        # whole clusters (the extra tile stores nothing)
+        return (-(-N // cfg.BN), m_tiles, cfg.split_k)
     if cfg.family == "dequant":
         return (-(-N // cfg.BN), DEQUANT_KSPLIT, 1)
     lay = weight_layout(spec)
@@ -590,7 +653,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     up to ~2 per SM for M <= 64), the least padding of M, as tall and 128 (256
     for M >= 1024 with wgmma) wide, the fewest split-K slices. The rules follow
     the sweeps in bench/results/h200/sweeps; the tuner replaces them per shape."""
-    cands = candidates(spec, arch, M, N, K, sms)
+    cands = [c for c in candidates(spec, arch, M, N, K, sms) if not c.tma]
     tc = [c for c in cands if c.tc]
     if 2 <= M <= 16 and tc:
         # Measured (bench/results/h200/verify1, w4a16_sym 8192^2): M = 4 19.7 us,

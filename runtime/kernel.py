@@ -10,7 +10,7 @@ import numpy as np
 
 from ..codegen import planner
 from ..codegen.spec import Spec
-from . import compiler
+from . import compiler, tma
 from .device import current_arch
 
 
@@ -61,6 +61,8 @@ class Kernel:
         self.geometry = self.compiled.geometry
         self._ws = {}     # (device, stream) -> (workspace, counters)
         self._grids = {}  # (M, N, K) -> (launch grid, dynamic shared memory)
+        g, c = self.geometry, gcfg
+        self._tma = tma.TmaMaps(g["ce"], c.BM, c.BN, c.BK, c.cluster) if g.get("tma") else None
 
     def grid(self, M: int, N: int, K: int) -> tuple:
         return self._launch_shape(M, N, K)[0]
@@ -93,6 +95,9 @@ class Kernel:
             dense = _scratch(N * K * 2, stream.ptr).data.ptr
             self.dequant.launch(dict(ptrs, out=dense), M, N, K, stream)
             ptrs = dict(ptrs, b=dense, s=0, z=0)
+        if self._tma is not None:
+            self._launch_tma(ptrs, M, N, K, grid, smem, stream)
+            return
         ws, cnt = (0, 0)
         if self.gemm_config.split_k > 1:
             w, c = self._workspace(M, N, grid, stream.ptr)
@@ -102,6 +107,13 @@ class Kernel:
                 np.uint64(ws), np.uint64(cnt), np.int32(M), np.int32(N), np.int32(K))
         self.fn(grid, (self.geometry["threads"], 1, 1), args,
                 shared_mem=smem, stream=stream)
+
+    def _launch_tma(self, ptrs: dict, M: int, N: int, K: int, grid, smem: int, stream) -> None:
+        import ctypes
+        p = lambda k: ctypes.c_uint64(ptrs.get(k) or 0)
+        args = [self._tma.a(ptrs["a"], M, K), self._tma.b(ptrs["b"], N, K), p("a_scale"), p("s"),
+                p("bias"), p("out"), ctypes.c_int32(M), ctypes.c_int32(N), ctypes.c_int32(K)]
+        tma.launch(self.fn, grid, self.geometry["threads"], smem, stream.ptr, args)
 
     def __call__(self, a, tensors: dict, out, a_scale=None, bias=None, stream=None):
         """Launch on CuPy arrays (the tuner and tests use this directly)."""

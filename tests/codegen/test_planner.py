@@ -73,6 +73,33 @@ def test_wgmma_refusals_name_the_reason():
         planner.geometry(spec("w8a8_int8"), planner.Config("gemm", 64, 128, 256, 64, 128, 4, 1, wgmma=True), "sm_90")
 
 
+def test_tma_rules():
+    """tma configs: dense [N, K] weights on sm_90a only, whole K per block,
+    clusters only where two m-tiles can share the weight tile, and the grid
+    rounded up to whole clusters."""
+    tma = lambda **kw: planner.Config("gemm", 128, 256, kw.pop("BK", 64), 64, 256, 4, 1, wgmma=True, tma=True, **kw)
+    g = planner.geometry(spec("fp16"), tma(cluster=2), "sm_90")
+    assert g["tma"] and g["threads"] == 384 and g["consumers"] == 2 and g["regs"] == (40, 232)
+    assert g["smem"] == 4 * (128 + 256) * 128 + 1024
+    for name, why in (("gptq_v2_w4a16_g128", "dense weights"), ("fp8_e4m3_w8a16", "dense weights")):
+        with pytest.raises(planner.PlanError, match=why):
+            planner.geometry(spec(name), tma(), "sm_90")
+    with pytest.raises(planner.PlanError, match="sm_90a"):
+        planner.geometry(spec("fp16"), tma(), "sm_80")
+    with pytest.raises(planner.PlanError, match="split_k 1"):
+        planner.geometry(spec("fp16"), dataclasses.replace(tma(), split_k=2), "sm_90")
+    with pytest.raises(planner.PlanError, match="tma configs"):
+        planner.geometry(spec("fp16"), planner.Config("gemm", 128, 256, 64, 64, 256, 4, 1, wgmma=True, cluster=2), "sm_90")
+    # gptq reaches the tma GEMM through predecode (its dense twin)
+    assert planner.geometry(spec("gptq_v2_w4a16_g128"), tma(predecode=True), "sm_90")["tma"]
+    assert planner.grid(spec("fp16"), tma(cluster=2), 300, 1000) == (4, 4, 1)
+    assert planner.grid(spec("fp16"), tma(), 300, 1000) == (4, 3, 1)
+    for M in (64, 128, 129):
+        cands = [c for c in planner.candidates(spec("w8a8_int8"), "sm_90", M, 4096, 4096) if c.tma]
+        assert cands and all(c.cluster == 1 or M > c.BM for c in cands)
+        assert any(c.cluster == 2 for c in cands) == (M > 64)
+
+
 def test_config_round_trip_and_names():
     cfgs = planner.all_configs()
     assert len({c.name for c in cfgs}) == len(cfgs)

@@ -42,6 +42,8 @@ def _sass_ops(cfg, a_dtype) -> tuple:
         return ("LDGSTS",)                        # the raw tile by cp.async
     if cfg.family == "gemv":
         return ("HMMA",) if cfg.tc else ()
+    if cfg.tma:        # TMA copies on mbarriers instead of cp.async
+        return (WGMMA_OP[a_dtype], "UTMALDG", "SYNCS") + (("UTMALDG.2D.MULTICAST",) if cfg.cluster > 1 else ())
     return ((WGMMA_OP[a_dtype],) if cfg.wgmma else (MMA_OP[a_dtype], "LDSM")) + ("LDGSTS",)
 
 
@@ -67,6 +69,26 @@ def test_default_sass_and_resources(name, M, arch):
         # ptxas serializes wgmma when other code touches its accumulators in flight
         assert "C7514" not in c.log, f"{stage_cfg.name}: wgmma serialized"
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{stage_cfg.name}: local memory in SASS"
+
+
+@pytest.mark.parametrize("cluster", [1, 2])
+@pytest.mark.parametrize("name", ["fp16", "w8a8_int8", "fp8_e4m3_w8a8"])
+def test_tma_sass_and_resources(name, cluster):
+    """The warp-specialized TMA GEMM at its largest tile (two MMA warpgroups
+    of 64 x 256, setmaxnreg) and its smallest: no spills, TMA loads (multicast
+    in clusters), mbarrier waits and wgmma in the SASS, no local memory."""
+    s = spec(name)
+    BK = 64 if s.a.dtype == "float16" else 128          # 128-byte rows
+    for BM, BN, WN in ((128, 256, 256), (64, 64, 64)):
+        cfg = planner.Config("gemm", BM, BN, BK, 64, WN, 4, 1, wgmma=True, tma=True, cluster=cluster)
+        c = compiler.compile_kernel(s, cfg, "sm_90")
+        assert c.resources["spill_bytes"] == 0, f"{cfg.name}: {c.resources}"
+        if compiler.find_nvdisasm() is None:
+            pytest.skip("nvdisasm not installed (extra 'sass')")
+        sass = compiler.disassemble(c.cubin)
+        for op in _sass_ops(cfg, s.a.dtype):
+            assert re.search(rf"\b{re.escape(op)}\b", sass), f"{cfg.name}: no {op} in SASS"
+        assert not re.search(r"\b(LDL|STL)\b", sass), f"{cfg.name}: local memory in SASS"
 
 
 def test_alignment_rule_is_stated():

@@ -209,6 +209,27 @@ def test_wgmma_matches_reference(name, M, N, K, record):
     check_all(spec, list(one_each.values()), M, N, K, record)
 
 
+TMA_SPECS = [n for n in MATMUL_SPECS
+             if any(c.tma for c in planner.candidates(load_spec(shipped_specs()[n]), "sm_90", 70, 1024, 1024))]
+
+
+TMA_CASES = ([(n, 70, 264, 1152) for n in TMA_SPECS] + [(n, 300, 1032, 2080) for n in TMA_SPECS]
+             + [("gptq_v2_w4a16_g128", 300, 1032, 2176)])
+
+
+@pytest.mark.parametrize("name,M,N,K", TMA_CASES)
+def test_tma_matches_reference(name, M, N, K, record):
+    """Every tma config (tile, ring depth, cluster; for GPTQ the predecode
+    pair) at tails in M, N (not a multiple of the tile) and K (2080: a
+    partial last k-tile of 8-bit operands), which TMA fills with zeros."""
+    from opgen.runtime.device import current_arch
+    spec = load_spec(shipped_specs()[name])
+    cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.tma]
+    if not cfgs:
+        pytest.skip(f"no tma configs on {current_arch()}")
+    check_all(spec, cfgs, M, N, K, record)
+
+
 @pytest.mark.parametrize("name", ["gptq_v2_w4a16_g128", "w4a16_sym_g128", "bnb_nf4", "w8a8_int8"])
 @pytest.mark.parametrize("M", [1, 5, 70])
 def test_every_candidate(name, M, record):
