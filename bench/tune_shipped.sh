@@ -11,10 +11,13 @@
 # run stopped at T_TUNE seconds (default 290, both passes; SIGINT) keeps every pair it
 # finished and still prints its tables. BUDGET_MS: the final pass's device
 # time per config (below 100 us a kernel gets 100 samples either way).
+# SPECS (default --all) and MS (default: the bench's) narrow a re-tune after
+# a kernel change, e.g. SPECS="fp16 w8a8_int8" MS=64,256,4096.
 set -u
 DB=${1:?usage: tune_shipped.sh DB LOG}; LOG=${2:?usage: tune_shipped.sh DB LOG}
-read -r SHAPES MS < <(python3 -c "from opgen.bench.plan import DEFAULT_SHAPES as S, DEFAULT_MS as M
+read -r SHAPES BENCH_MS < <(python3 -c "from opgen.bench.plan import DEFAULT_SHAPES as S, DEFAULT_MS as M
 print(','.join(f'{n}x{k}' for n, k in S), ','.join(map(str, M)))")
+MS=${MS:-$BENCH_MS}
 # The targets' shape first (every spec), then the others: a run cut short
 # keeps the pairs that matter most. The second pass finds its kernels in the
 # cubin cache (they do not depend on N and K).
@@ -25,7 +28,7 @@ end=$(( $(date +%s) + ${T_TUNE:-290} ))
 rc=0
 for shapes in "$FIRST" "$REST"; do
   left=$(( end - $(date +%s) )); [ "$left" -gt 5 ] || { echo "T_TUNE spent before $shapes" | tee -a "$LOG"; rc=124; break; }
-  timeout -s INT -k 20 "$left" python3 -m opgen tune --all --shapes "$shapes" --M "$MS" \
+  timeout -s INT -k 20 "$left" python3 -m opgen tune ${SPECS:---all} --shapes "$shapes" --M "$MS" \
     --budget-ms "${BUDGET_MS:-10}" --db "$DB" >> "$LOG" 2>&1 || rc=$?
 done
 grep -E "^compiled|^stored .* pair|^total|NOT tuned|T_TUNE" "$LOG"

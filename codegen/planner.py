@@ -53,6 +53,8 @@ class Config:
                            # warp into an mbarrier ring, MMA warpgroups only compute
     cluster: int = 1       # gemm (tma): blocks of consecutive m-tiles sharing each weight
                            # tile, which TMA multicasts to all of them (halves its L2 reads)
+    raster: int = 0        # gemm (tma): 0 = blocks in row order; G = bands of G m-tiles,
+                           # walked down before moving along n (L2 reuse between blocks)
 
     @property
     def name(self) -> str:
@@ -68,8 +70,9 @@ class Config:
         pd = "_pd" if self.predecode else ""
         tma = "_tma" if self.tma else ""
         cl = f"_x{self.cluster}" if self.cluster != 1 else ""
+        ra = f"_r{self.raster}" if self.raster else ""
         return (f"gemm_{self.BM}x{self.BN}x{self.BK}_w{self.WM}x{self.WN}"
-                f"_p{self.stages}_s{self.split_k}{occ}{wg}{tma}{cl}{pd}")
+                f"_p{self.stages}_s{self.split_k}{occ}{wg}{tma}{cl}{ra}{pd}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -142,7 +145,7 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
         dense = geometry(dense_twin(spec), dataclasses.replace(cfg, predecode=False), arch)
         return dict(dense, predecode=True)
     ce = mma.a_bytes
-    if cfg.tma or cfg.cluster != 1:
+    if cfg.tma or cfg.cluster != 1 or cfg.raster:
         return _tma_geometry(spec, cfg, a, num, lay, mma)
     BM, BN, BK, WM, WN = cfg.BM, cfg.BN, cfg.BK, cfg.WM, cfg.WN
     if BM % WM or BN % WN or WM % 16 or WN % 16:
@@ -217,7 +220,7 @@ def _tma_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layou
     or two MMA warpgroups, optional multicast of the weight tile to a cluster
     of blocks along M."""
     if not cfg.tma:
-        raise PlanError("clusters are for tma configs")
+        raise PlanError("clusters and rasters are for tma configs")
     if not (a.tma and cfg.wgmma):
         raise PlanError(f"tma configs are wgmma configs on sm_90a (target {a.name})")
     if not num.dense or lay.row_axis != "n":
@@ -490,6 +493,7 @@ WGMMA_TILES = [(64, 64, 64), (64, 128, 128), (64, 256, 256), (64, 256, 128), (12
 STAGES = (3, 4, 5)
 # The tma ring holds whole stages of A and B; deeper rings for the small tiles.
 TMA_STAGES = (3, 4, 6, 8)
+TMA_RASTERS = (0, 8)
 # Predecode writes and re-reads 2 bytes per weight (N x K x 2 scratch): worth
 # trying only where the fused GEMM decodes every weight M / BM >= 2 times.
 PREDECODE_MIN_M = 256
@@ -543,11 +547,12 @@ def all_configs() -> List[Config]:
         for BK in (64, 128):
             for stages in TMA_STAGES:
                 for cl in (1, 2):
-                    out.append(Config("gemm", BM, BN, BK, 64, WN, stages, 1, wgmma=True, tma=True,
-                                      cluster=cl))
-                    if BM == 128 and BK == 64 and stages <= 4:
-                        out.append(Config("gemm", BM, BN, BK, 64, WN, stages, 1, wgmma=True,
-                                          tma=True, cluster=cl, predecode=True))
+                    for ra in TMA_RASTERS:
+                        out.append(Config("gemm", BM, BN, BK, 64, WN, stages, 1, wgmma=True, tma=True,
+                                          cluster=cl, raster=ra))
+                        if BM == 128 and BK == 64 and stages <= 4:
+                            out.append(Config("gemm", BM, BN, BK, 64, WN, stages, 1, wgmma=True,
+                                              tma=True, cluster=cl, raster=ra, predecode=True))
     for mmax in (1, 2, 4, 8):
         for warps in (4, 8):
             for cols in (1, 2, 4):
@@ -588,6 +593,8 @@ def candidates(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) ->
                 continue
             if cfg.cluster > 1 and M <= cfg.BM:
                 continue        # one m-tile: nobody to share the weight tile with
+            if cfg.raster and M <= cfg.BM * cfg.cluster:
+                continue        # one band of m-tiles: the same order as without
             tiles = -(-N // cfg.BN) * -(-M // cfg.BM)
             if cfg.split_k > 1 and (tiles * cfg.split_k > 8 * sms or K // cfg.split_k < 4 * cfg.BK):
                 continue

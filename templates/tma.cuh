@@ -46,12 +46,15 @@ DEV void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_addr(bar)) : "memory");
 }
 
-// mapa.shared::cluster.u32 + mbarrier.arrive.release.cluster.shared::cluster.b64:
-// one arrival on the barrier at the same offset in block `rank` of the cluster.
+// mapa.shared::cluster.u32 + mbarrier.arrive.shared::cluster.b64: one arrival
+// on the barrier at the same offset in block `rank` of the cluster. Default
+// (.release.cta) semantics: it only has to order this warp's finished reads
+// of the slot before the producer's next TMA write, as for a local arrival;
+// a .cluster-scope release would wait for all of the thread's memory traffic.
 DEV void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" :: "r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" :: "r"(remote) : "memory");
 }
 
 // barrier.cluster.arrive.release + barrier.cluster.wait.acquire: every thread

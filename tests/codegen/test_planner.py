@@ -94,9 +94,12 @@ def test_tma_rules():
     assert planner.geometry(spec("gptq_v2_w4a16_g128"), tma(predecode=True), "sm_90")["tma"]
     assert planner.grid(spec("fp16"), tma(cluster=2), 300, 1000) == (4, 4, 1)
     assert planner.grid(spec("fp16"), tma(), 300, 1000) == (4, 3, 1)
+    with pytest.raises(planner.PlanError, match="rasters are for tma"):
+        planner.geometry(spec("fp16"), planner.Config("gemm", 128, 256, 64, 64, 256, 4, 1, wgmma=True, raster=8), "sm_90")
     for M in (64, 128, 129):
         cands = [c for c in planner.candidates(spec("w8a8_int8"), "sm_90", M, 4096, 4096) if c.tma]
         assert cands and all(c.cluster == 1 or M > c.BM for c in cands)
+        assert all(not c.raster or M > c.BM * c.cluster for c in cands)
         assert any(c.cluster == 2 for c in cands) == (M > 64)
 
 
