@@ -497,13 +497,15 @@ TMA_RASTERS = (0, 8)
 # Predecode writes and re-reads 2 bytes per weight (N x K x 2 scratch): worth
 # trying only where the fused GEMM decodes every weight M / BM >= 2 times.
 PREDECODE_MIN_M = 256
-# Where the heuristic takes it, by what the fused GEMM pays per decoded tile
-# (tuner logs in bench/results/h200/run3, all five bench shapes): without a
-# fused wgmma path (AWQ's [K, N] words) from M = 256 (1.17-1.36x there, 2.5x
-# at 1024); with zero points loaded per group from 512 (gptq_v2 M=512 1.33x,
-# M=1024 1.19-1.38x for GPTQ, 1.05-1.20x w1a16); else from 2048 (w4a16_sym,
-# w2a16, bitnet, fp16 weights: fused at 1024 is as fast or faster).
-PREDECODE_M = {"no_fused_wgmma": PREDECODE_MIN_M, "zero_points": 512, "other": 2048}
+# Where the heuristic takes it, by what the fused GEMM pays per decoded tile.
+# Tuner logs: run3 (all five bench shapes, cp.async dense GEMM) and run4
+# (8192^2, the TMA dense GEMM behind the dequant). Without a fused wgmma path
+# (AWQ's [K, N] words) and with zero points loaded per group (GPTQ, w1a16)
+# predecode wins from M = 256 (run4: gptq_v2 122 vs 138 us, w1a16 115 vs
+# 128); for the others (w4a16_sym, w2a16, bitnet, NF4, MXFP4, fp8 weights)
+# the fused GEMM still wins at 256 and predecode from 512 (run4, M = 1024:
+# 1.2-1.5x over the fused pick for every format).
+PREDECODE_M = {"no_fused_wgmma": PREDECODE_MIN_M, "zero_points": PREDECODE_MIN_M, "other": 512}
 
 
 def predecode_from(spec: Spec, cands: List[Config]) -> int:
@@ -650,6 +652,24 @@ def gemv_fill(spec: Spec, cfg: Config, M: int, N: int, K: int) -> Tuple[int, int
     return warps, max(0, cfg.warps - runs)
 
 
+# Relative per-SM speed of the TMA GEMM's tile shapes (BM, BN): larger tiles
+# move fewer bytes per flop. Fitted by hand to the run4 winners
+# (bench/results/h200/run4/tuned_h200.json): with it `_tma_score` picks the
+# winner's tile in most records of the five bench shapes.
+TMA_TILE_SPEED = {(128, 256): 1.0, (128, 128): 0.9, (64, 256): 0.85, (64, 128): 0.75, (64, 64): 0.6}
+
+
+def _tma_score(c: Config, M: int, N: int, sms: int) -> tuple:
+    """Waves of tiles times the time of one tile, then: two MMA warpgroups
+    where the tile has room, no cluster (multicast measured no faster:
+    run4/sweep.txt), the grouped raster once there are two bands of m-tiles,
+    the deepest ring."""
+    tiles = -(-N // c.BN) * -(-M // c.BM)
+    cost = -(-tiles // sms) * c.BM * c.BN / TMA_TILE_SPEED[(c.BM, c.BN)]
+    return (round(cost), -(c.BM // 64) * (c.BN // c.WN), c.cluster != 1,
+            c.raster != (8 if M > c.BM else 0), -c.stages)
+
+
 def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> Config:
     """A reasonable pick without tuning: for weights stored [N, K] and
     M = 2-16 the tensor-core GEMV; for decode (M <= 4) the GEMV whose
@@ -660,7 +680,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     up to ~2 per SM for M <= 64), the least padding of M, as tall and 128 (256
     for M >= 1024 with wgmma) wide, the fewest split-K slices. The rules follow
     the sweeps in bench/results/h200/sweeps; the tuner replaces them per shape."""
-    cands = [c for c in candidates(spec, arch, M, N, K, sms) if not c.tma]
+    cands = candidates(spec, arch, M, N, K, sms)
     tc = [c for c in cands if c.tc]
     if 2 <= M <= 16 and tc:
         # Measured (bench/results/h200/verify1, w4a16_sym 8192^2): M = 4 19.7 us,
@@ -692,6 +712,13 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     # operands: sweep 3; decoded weights: the run3 tuning logs, where a wgmma
     # config won the M = 64 bucket in 48 of 60 records, 1.1-1.9x over the
     # mma.sync pick the heuristic then made).
+    # The TMA GEMM (dense operands, and predecode's dense half) won every
+    # bucket from M = 9 up in the run4 tuning logs (1.1-2x over the cp.async
+    # wgmma pick): tiles as the winners had them.
+    tma = [c for c in cands if c.tma]
+    if tma and M > 8:
+        return min(tma, key=lambda c: _tma_score(c, M, N, sms))
+    cands = [c for c in cands if not c.tma]
     wg = [c for c in cands if c.wgmma]
     # (a predecode config's GEMM is a dense one)
     dense = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).dense or all(c.predecode for c in cands)

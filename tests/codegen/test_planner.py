@@ -103,6 +103,16 @@ def test_tma_rules():
         assert any(c.cluster == 2 for c in cands) == (M > 64)
 
 
+def test_heuristic_takes_tma_like_the_tuned_winners():
+    """From M = 9 the heuristic picks the TMA GEMM for dense operands (and
+    for predecode's dense half), with the run4 winners' tiles."""
+    for name, M, want in (("w8a8_int8", 64, (64, 64, 0)), ("fp8_e4m3_w8a8", 256, (128, 128, 8)),
+                          ("fp16", 4096, (128, 256, 8)), ("gptq_v2_w4a16_g128", 4096, (128, 256, 8))):
+        c = planner.heuristic(spec(name), "sm_90", M, 8192, 8192)
+        assert c.tma and (c.BM, c.BN, c.raster) == want, c.name
+    assert not planner.heuristic(spec("w8a8_int8"), "sm_80", 64, 8192, 8192).tma
+
+
 def test_config_round_trip_and_names():
     cfgs = planner.all_configs()
     assert len({c.name for c in cfgs}) == len(cfgs)
@@ -209,11 +219,11 @@ def test_predecode_stages(name):
     assert not planner.heuristic(s, "sm_90", start - 1, 4096, 4096).predecode
 
 
-@pytest.mark.parametrize("name,start", [("awq_w4a16_g128", 256), ("gptq_v2_w4a16_g128", 512),
-                                        ("w1a16_g128", 512), ("w4a16_sym_g128", 2048),
-                                        ("bnb_nf4", 2048)])
+@pytest.mark.parametrize("name,start", [("awq_w4a16_g128", 256), ("gptq_v2_w4a16_g128", 256),
+                                        ("w1a16_g128", 256), ("w4a16_sym_g128", 512),
+                                        ("bnb_nf4", 512)])
 def test_predecode_from(name, start):
-    """The measured thresholds (tuner logs, bench/results/h200/run3): no fused
-    wgmma (AWQ) from 256, per-group zero points from 512, the rest from 2048."""
+    """The measured thresholds (tuner logs, bench/results/h200/run3 and run4):
+    no fused wgmma (AWQ) or per-group zero points from 256, the rest from 512."""
     s = spec(name)
     assert planner.predecode_from(s, planner.candidates(s, "sm_90", 1024, 8192, 8192)) == start
