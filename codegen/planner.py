@@ -675,11 +675,13 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     M = 2-16 the tensor-core GEMV; for decode (M <= 4) the GEMV whose
     grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
     then the fewest split-K slices, the most columns per warp and the widest
-    loads; decoded weights from `predecode_from` on a predecode config; else a GEMM (wgmma on
-    sm_90 above M = 32) with enough blocks (split-K
-    up to ~2 per SM for M <= 64), the least padding of M, as tall and 128 (256
-    for M >= 1024 with wgmma) wide, the fewest split-K slices. The rules follow
-    the sweeps in bench/results/h200/sweeps; the tuner replaces them per shape."""
+    loads; decoded weights from `predecode_from` on a predecode config; for
+    dense operands (predecode's too) on sm_90 from M = 9 the TMA GEMM
+    (`_tma_score`); else a GEMM (wgmma on sm_90 above M = 32) with enough
+    blocks (split-K up to ~2 per SM for M <= 64), the least padding of M, as
+    tall and 128 (256 for M >= 1024 with wgmma) wide, the fewest split-K
+    slices. The rules follow the sweeps and tuning logs in
+    bench/results/h200; the tuner replaces them per shape."""
     cands = candidates(spec, arch, M, N, K, sms)
     tc = [c for c in cands if c.tc]
     if 2 <= M <= 16 and tc:
@@ -708,10 +710,6 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
         cands = pd
     else:
         cands = [c for c in cands if not c.predecode]
-    # Measured on the H200: wgmma wins from M = 33 on, mma.sync below (dense
-    # operands: sweep 3; decoded weights: the run3 tuning logs, where a wgmma
-    # config won the M = 64 bucket in 48 of 60 records, 1.1-1.9x over the
-    # mma.sync pick the heuristic then made).
     # The TMA GEMM (dense operands, and predecode's dense half) won every
     # bucket from M = 9 up in the run4 tuning logs (1.1-2x over the cp.async
     # wgmma pick): tiles as the winners had them.
@@ -719,6 +717,10 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     if tma and M > 8:
         return min(tma, key=lambda c: _tma_score(c, M, N, sms))
     cands = [c for c in cands if not c.tma]
+    # Measured on the H200: wgmma wins from M = 33 on, mma.sync below (dense
+    # operands: sweep 3; decoded weights: the run3 tuning logs, where a wgmma
+    # config won the M = 64 bucket in 48 of 60 records, 1.1-1.9x over the
+    # mma.sync pick the heuristic then made).
     wg = [c for c in cands if c.wgmma]
     # (a predecode config's GEMM is a dense one)
     dense = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).dense or all(c.predecode for c in cands)

@@ -22,7 +22,7 @@ TensorMap = ctypes.c_uint64 * 16      # 128 opaque bytes
 
 
 class TmaError(RuntimeError):
-    """The driver refused a tensor map (alignment, box size) or a launch."""
+    """The driver refused a tensor map (alignment, sizes, box)."""
 
 
 @functools.lru_cache(maxsize=1)
