@@ -32,6 +32,25 @@ ARGUMENTS = [
     ("counters", "int*", "split-K tile counters, zero-initialised once"),
     ("M", "int", ""), ("N", "int", ""), ("K", "int", ""),
 ]
+# The TMA GEMM (launches whose "tma" entry is set) takes its operands as
+# tensor maps passed by value instead of a / b / ws / counters.
+TMA_ARGUMENTS = [
+    ("tmA", "const __grid_constant__ CUtensorMap",
+     "activations [M, K]: cuTensorMapEncodeTiled, 2-D, box = tma.box_a, 128-byte swizzle, zero OOB fill"),
+    ("tmB", "const __grid_constant__ CUtensorMap",
+     "dense weights [N, K] (for predecode: the dequant launch's output): box = tma.box_b, same settings"),
+] + [a for a in ARGUMENTS if a[0] in ("a_scale", "s", "bias", "out", "M", "N", "K")]
+
+
+def _tma_launch(cfg: planner.Config, geom: dict) -> Optional[dict]:
+    """What a caller needs to build the tensor maps of a TMA launch: box sizes
+    {rows, elements} and the element size (the map's data type: 1 = UINT8,
+    2 = UINT16); cluster blocks along M are compiled in (__cluster_dims__)."""
+    if not geom.get("tma"):
+        return None
+    return dict(elem_bytes=geom["ce"], box_a=[cfg.BM, cfg.BK], box_b=[cfg.BN // cfg.cluster, cfg.BK],
+                swizzle="128B", oob_fill="zeros", cluster=[1, cfg.cluster, 1],
+                arguments=[dict(name=n, type=t, doc=d) for n, t, d in TMA_ARGUMENTS])
 
 
 def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
@@ -66,7 +85,8 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
                 target=_target(c),   # sm_90a cubins (wgmma) run on compute capability 9.0 only
                 config=stage_cfg.to_dict(), block=[c.geometry["threads"], 1, 1],
                 dynamic_smem=planner.launch_smem(c.geometry, stage_cfg, K),
-                grid=_grid_rule(stage_cfg, c.geometry), ptxas=c.resources))
+                grid=_grid_rule(stage_cfg, c.geometry), ptxas=c.resources,
+                **({"tma": _tma_launch(stage_cfg, c.geometry)} if c.geometry.get("tma") else {})))
         *before, kernels[cfg.name] = launches
         if before:
             # Launched first, on the same stream: writes the dense [N, K] weights
@@ -97,6 +117,8 @@ def _write(out: Path, stem: str, c) -> List[Path]:
 
 
 def _grid_rule(cfg: planner.Config, geom: dict) -> str:
+    if cfg.family == "gemm" and cfg.cluster > 1:
+        return f"[ceil(N/{cfg.BN}), ceil(M/{cfg.BM}) rounded up to a multiple of {cfg.cluster}, 1]"
     if cfg.family == "gemm":
         return f"[ceil(N/{cfg.BN}), ceil(M/{cfg.BM}), {cfg.split_k}]"
     if cfg.family == "dequant":

@@ -30,6 +30,17 @@ def test_build_every_spec(name, arch, tmp_path):
     assert any(p.suffix == ".cu" for p in paths)
     assert any(p.suffix == ".cubin" and p.stat().st_size > 1000 for p in paths)
     assert (tmp_path / "plan.json").exists()
+    # A TMA launch says how to build its tensor maps and which arguments it takes.
+    import json
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    for k in plan["kernels"].values():
+        for launch in k.get("before", []) + [k]:
+            c = launch.get("config", {})            # (quantize plans have none)
+            assert bool(c.get("tma")) == ("tma" in launch)
+            if "tma" in launch:
+                t = launch["tma"]
+                assert t["box_a"] == [c["BM"], c["BK"]] and t["box_b"] == [c["BN"] // c["cluster"], c["BK"]]
+                assert [a["name"] for a in t["arguments"]][:2] == ["tmA", "tmB"]
 
 
 MMA_OP = {"int8": "IMMA", "float16": "HMMA", "bfloat16": "HMMA", "float8_e4m3": "HMMA"}
