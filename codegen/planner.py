@@ -146,7 +146,7 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
         return dict(dense, predecode=True)
     ce = mma.a_bytes
     if cfg.tma or cfg.cluster != 1 or cfg.raster:
-        return _tma_geometry(spec, cfg, a, num, lay, mma)
+        return _tma_geometry(cfg, a, num, lay, mma)
     BM, BN, BK, WM, WN = cfg.BM, cfg.BN, cfg.BK, cfg.WM, cfg.WN
     if BM % WM or BN % WN or WM % 16 or WN % 16:
         raise PlanError("warp tile must divide the block tile, in multiples of 16")
@@ -214,7 +214,7 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
 TMA_PRODUCER_REGS, TMA_CONSUMER_REGS = 40, 232
 
 
-def _tma_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma) -> Dict:
+def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.Mma) -> Dict:
     """The warp-specialized GEMM (gemm_tma.cu.j2): dense K-major operands, one
     producer warpgroup issuing TMA loads into a STAGES-deep mbarrier ring, one
     or two MMA warpgroups, optional multicast of the weight tile to a cluster
@@ -710,13 +710,13 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
         cands = pd
     else:
         cands = [c for c in cands if not c.predecode]
-    # The TMA GEMM (dense operands, and predecode's dense half) won every
-    # bucket from M = 9 up in the run4 tuning logs (1.1-2x over the cp.async
-    # wgmma pick): tiles as the winners had them.
+    # The TMA GEMM (dense operands, and predecode's dense half; a candidate
+    # from M = 9, where 64-row tiles are) won every bucket it was in in the
+    # run4 tuning logs (1.1-2x over the cp.async wgmma pick): tiles as the
+    # winners had them.
     tma = [c for c in cands if c.tma]
-    if tma and M > 8:
+    if tma:
         return min(tma, key=lambda c: _tma_score(c, M, N, sms))
-    cands = [c for c in cands if not c.tma]
     # Measured on the H200: wgmma wins from M = 33 on, mma.sync below (dense
     # operands: sweep 3; decoded weights: the run3 tuning logs, where a wgmma
     # config won the M = 64 bucket in 48 of 60 records, 1.1-1.9x over the

@@ -6,6 +6,8 @@ array checking and per-call dispatch.
 """
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
 from ..codegen import planner
@@ -61,8 +63,8 @@ class Kernel:
         self.geometry = self.compiled.geometry
         self._ws = {}     # (device, stream) -> (workspace, counters)
         self._grids = {}  # (M, N, K) -> (launch grid, dynamic shared memory)
-        g, c = self.geometry, gcfg
-        self._tma = tma.TmaMaps(g["ce"], c.BM, c.BN, c.BK, c.cluster) if g.get("tma") else None
+        self._tma = (tma.TmaMaps(self.geometry["ce"], gcfg.BM, gcfg.BN, gcfg.BK, gcfg.cluster)
+                     if self.geometry.get("tma") else None)
 
     def grid(self, M: int, N: int, K: int) -> tuple:
         return self._launch_shape(M, N, K)[0]
@@ -109,7 +111,6 @@ class Kernel:
                 shared_mem=smem, stream=stream)
 
     def _launch_tma(self, ptrs: dict, M: int, N: int, K: int, grid, smem: int, stream) -> None:
-        import ctypes
         p = lambda k: ctypes.c_uint64(ptrs.get(k) or 0)
         args = [self._tma.a(ptrs["a"], M, K), self._tma.b(ptrs["b"], N, K), p("a_scale"), p("s"),
                 p("bias"), p("out"), ctypes.c_int32(M), ctypes.c_int32(N), ctypes.c_int32(K)]
