@@ -123,9 +123,6 @@ def _grid_rule(cfg: planner.Config, geom: dict) -> str:
         return f"[ceil(N/{cfg.BN}), ceil(M/{cfg.BM}), {cfg.split_k}]"
     if cfg.family == "dequant":
         return f"[ceil(N/{cfg.BN}), {planner.DEQUANT_KSPLIT}, 1]"
-    if geom["scheme"] == "row" and cfg.ring:
-        return (f"[min(ceil(N/{cfg.warps * cfg.cols}), SMs x resident blocks), 1, 1] "
-                "(persistent warps; any grid size is correct)")
     if geom["scheme"] == "row":
         return f"[ceil(N/{cfg.warps * (16 if cfg.tc else cfg.cols)}), {cfg.split_k}, 1]"
     return f"[ceil(N/{geom['vec'].n_extent}/32), {cfg.split_k}, 1]"

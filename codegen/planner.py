@@ -45,8 +45,6 @@ class Config:
     tc: bool = False       # gemv (weights [N, K]): mma.sync on 16 columns per warp, M <= 16
     prefetch: bool = False  # gemv (row SIMT): two register buffers of runs, the next
                             # run's loads in flight while this one is decoded
-    ring: int = 0          # gemv (row SIMT, sm_90): each warp streams its weights through
-                           # a `ring`-slot shared-memory ring filled by cp.async.bulk
     min_blocks: int = 1    # gemm: blocks per SM asked of ptxas (__launch_bounds__)
     wgmma: bool = False    # gemm: warpgroup MMA (sm_90a) instead of mma.sync; WM = 64
     predecode: bool = False  # gemm: weights decoded once into a dense [N, K] scratch tensor
@@ -66,8 +64,7 @@ class Config:
             cols = f"_c{self.cols}" if self.cols != 1 else ""
             tc = "_tc" if self.tc else ""
             pf = "_pf" if self.prefetch else ""
-            ring = f"_b{self.ring}" if self.ring else ""
-            return f"gemv_m{self.mmax}_w{self.warps}{cols}_v{self.vbytes}_s{self.split_k}{tc}{pf}{ring}"
+            return f"gemv_m{self.mmax}_w{self.warps}{cols}_v{self.vbytes}_s{self.split_k}{tc}{pf}"
         occ = f"_o{self.min_blocks}" if self.min_blocks != 1 else ""
         wg = "_wg" if self.wgmma else ""
         pd = "_pd" if self.predecode else ""
@@ -376,8 +373,6 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     if cfg.prefetch and (cfg.tc or lay.row_axis != "n"):
         raise PlanError("prefetch applies to the SIMT row GEMV (weights [N, K]; the "
                         "tensor-core one loads its first run early)")
-    if cfg.ring:
-        _check_gemv_ring(cfg, a, lay)
     if scheme == "col":
         if cfg.tc:
             raise PlanError("the tensor-core GEMV takes weights stored [N, K]")
@@ -394,28 +389,9 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     elif _row_gemv_regs(cfg, vec, run) > GEMV_REGS:
         raise PlanError(f"~{_row_gemv_regs(cfg, vec, run)} registers of live values per thread "
                         f"(limit {GEMV_REGS})")
-    ring = cfg.warps * cfg.ring * cfg.cols * 32 * run * vb
-    if ring + GEMV_SMEM_CAP + STATIC_SMEM_RESERVE > a.smem_per_block:
-        raise PlanError(f"{ring} bytes of weight ring + {GEMV_SMEM_CAP} of activations > "
-                        f"{a.smem_per_block} on {a.name}")
     return dict(threads=cfg.warps * 32, scheme=scheme, vec=vec, dec=decode_plan(lay, num),
-                smem=GEMV_SMEM_CAP + ring if scheme == "row" else 0, ring_bytes=ring, run=run, lay=lay,
-                num_group=num.group, mac=gemv_mac(vec), mac_run=MAC_RUN)
-
-
-def _check_gemv_ring(cfg: Config, a: hw.Arch, lay: Layout) -> None:
-    """The bulk-copy ring: 16-byte vectors read back from shared memory by the
-    SIMT row GEMV, on an arch with mbarrier transaction counts."""
-    if not a.tma:
-        raise PlanError(f"the bulk-copy ring needs cp.async.bulk and mbarrier tx counts (sm_90; target {a.name})")
-    if cfg.tc or cfg.prefetch or lay.row_axis != "n":
-        raise PlanError("the bulk-copy ring is for the SIMT row GEMV (weights [N, K]), without prefetch")
-    if cfg.vbytes != 16:
-        raise PlanError("the bulk-copy ring reads 16-byte vectors")
-    if cfg.split_k != 1:
-        raise PlanError("the bulk-copy ring's persistent warps take whole rows (split_k 1)")
-    if cfg.ring < 2:
-        raise PlanError("a bulk-copy ring needs at least 2 slots")
+                smem=GEMV_SMEM_CAP if scheme == "row" else 0, run=run, num_group=num.group,
+                mac=gemv_mac(vec), mac_run=MAC_RUN)
 
 
 # The row GEMV stages its rows of activations in shared memory, [mmax, K / split_k]
@@ -430,7 +406,7 @@ def launch_smem(g: Dict, cfg: Config, K: int) -> int:
     """Dynamic shared memory of one launch: fixed per config, except the row
     GEMV's activation rows, which take K / split_k."""
     if cfg.family == "gemv" and g["scheme"] == "row":
-        return cfg.mmax * -(-(K // cfg.split_k) * 2 // 128) * 128 + g["ring_bytes"]   # rows of whole lines
+        return cfg.mmax * -(-(K // cfg.split_k) * 2 // 128) * 128      # rows of whole lines
     return g.get("smem", 0)
 
 
@@ -461,9 +437,8 @@ def _row_gemv_regs(cfg: Config, vec: Vector, run: int) -> int:
     scales and zeros (two runs with prefetch), the activation pairs of every
     row, one decoded vector, the accumulators (fp32 + fp16x2 slots)."""
     mac = gemv_mac(vec)
-    words = 2 if cfg.prefetch else 1
-    scales = 2 if cfg.prefetch or cfg.ring else 1      # the ring loads them one step ahead
-    return (run * cfg.cols * (words * vec.words + scales * 2) + cfg.mmax * len(mac.apairs)
+    buffers = 2 if cfg.prefetch else 1
+    return (buffers * run * cfg.cols * (vec.words + 2) + cfg.mmax * len(mac.apairs)
             + len(vec.pairs) + cfg.mmax * cfg.cols * (1 + len(mac.slots)))
 
 
@@ -492,11 +467,7 @@ def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
         vec = g["vec"]
         if g["scheme"] == "row":
             blk = vec.k_extent * (4 if cfg.tc else 1) * cfg.split_k     # tc: k-blocks of 4 vectors
-            # bulk copies: every row starts and ends on 16 bytes
-            lay = g["lay"]
-            aligned = not cfg.ring or K // lay.col_div * lay.elem_bytes % 16 == 0
-            return (K % blk == 0 and aligned
-                    and launch_smem(g, cfg, K) - g["ring_bytes"] <= GEMV_SMEM_CAP)
+            return K % blk == 0 and launch_smem(g, cfg, K) <= GEMV_SMEM_CAP
         if N % vec.n_extent or K % (vec.k_extent * cfg.split_k):
             return False
         # Runs stay inside one scale group only if every slice starts a group's run.
@@ -550,7 +521,6 @@ SPLITS = (1, 2, 4, 8)
 # GEMV column blocks are 32 vectors wide (512-1024 columns for AWQ): narrow N
 # needs deeper split-K to fill the SMs.
 GEMV_SPLITS = (1, 2, 4, 8, 16)
-GEMV_RINGS = (2, 4)
 
 
 def all_configs() -> List[Config]:
@@ -595,10 +565,6 @@ def all_configs() -> List[Config]:
                         for pf in ((False, True) if sk <= 2 else (False,)):
                             out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax,
                                               cols=cols, prefetch=pf))
-                        # the bulk-copy ring: 16-byte vectors, 2 or 4 steps of 4 KiB per warp in flight
-                        for ring in (GEMV_RINGS if vb == 16 and sk == 1 else ()):
-                            out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax,
-                                              cols=cols, ring=ring))
     # The tensor-core GEMV also takes 9-16 rows: two m-tiles per k-block.
     for mmax in (1, 2, 4, 8, 16):
         for warps in (4, 8):

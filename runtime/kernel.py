@@ -13,7 +13,7 @@ import numpy as np
 from ..codegen import planner
 from ..codegen.spec import Spec
 from . import compiler, tma
-from .device import current_arch, sm_count
+from .device import current_arch
 
 
 def load_function(compiled: compiler.Compiled):
@@ -30,12 +30,6 @@ def load_function(compiled: compiler.Compiled):
         # split-K flag), so a 48 KiB request fails without it.
         cupy.cuda.driver.funcSetAttribute(fn.ptr, 8, smem)
     return module, fn
-
-
-def _resident_blocks(fn, threads: int, smem: int) -> int:
-    """Blocks of `fn` one SM holds at once (cuOccupancyMaxActiveBlocksPerMultiprocessor)."""
-    import cupy
-    return max(1, cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, smem))
 
 
 # Dense [N, K] weights of predecode configs, one tensor per (device, stream)
@@ -79,14 +73,8 @@ class Kernel:
         # Cached: hashing the spec for the planner costs microseconds per launch.
         g = self._grids.get((M, N, K))
         if g is None:
-            grid = planner.grid(self.spec, self.gemm_config, M, N)
-            smem = planner.launch_smem(self.geometry, self.gemm_config, K)
-            if self.gemm_config.ring:
-                # Persistent warps: no more blocks than fit on the GPU at once
-                # (more would only queue behind them, each filling its ring anew).
-                grid = (min(grid[0], sm_count() * _resident_blocks(self.fn, self.geometry["threads"], smem)),
-                        1, 1)
-            g = self._grids[(M, N, K)] = (grid, smem)
+            g = self._grids[(M, N, K)] = (planner.grid(self.spec, self.gemm_config, M, N),
+                                          planner.launch_smem(self.geometry, self.gemm_config, K))
         return g
 
     def _workspace(self, M: int, N: int, grid: tuple, stream_ptr: int):

@@ -1,6 +1,5 @@
 // Tensor Memory Accelerator (TMA) loads, mbarriers and thread-block clusters
-// (sm_90; tensor maps and clusters as the TMA GEMM uses them). Each function
-// wraps the PTX named in its comment.
+// (sm_90a). Each function wraps the PTX named in its comment.
 #pragma once
 
 // A CUtensorMap (cuTensorMapEncodeTiled, on the host): 128 opaque bytes,
@@ -34,20 +33,6 @@ DEV void mbar_wait(uint64_t* bar, uint32_t parity) {
                "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
                "@!p bra WAIT_%=;\n}\n" :: "r"(a), "r"(parity) : "memory");
 }
-
-// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes: `bytes`
-// contiguous bytes (a multiple of 16; both addresses 16-byte aligned) from
-// global into shared memory, no tensor map; completion counted on `bar`.
-DEV void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
-
-// fence.proxy.async.shared::cta: this thread's earlier generic-proxy
-// shared-memory accesses are ordered before its later async-proxy ones: the
-// st.shared / cp.async data that wgmma then reads (after a barrier), or the
-// lanes' reads of a ring slot (after __syncwarp) before a bulk copy refills it.
-DEV void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // %cluster_ctarank: this block's rank in its cluster.
 DEV uint32_t cluster_rank() {

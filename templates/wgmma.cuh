@@ -22,6 +22,10 @@ DEV void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: 
 // wgmma.wait_group.sync.aligned N: at most N groups still running.
 template <int N>
 DEV void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+// fence.proxy.async.shared::cta: this thread's generic-proxy shared-memory
+// writes (st.shared of decoded weights, cp.async data) become visible to the
+// async proxy that wgmma reads operands through. Then a barrier.
+DEV void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Empty asm that "reads and writes" every accumulator register: the compiler
 // may not move their accesses across it (they are in flight between wgmma and
 // its wait). S32: the registers hold s32 sums (int8 wgmma) in the float array.

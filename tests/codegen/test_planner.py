@@ -167,34 +167,6 @@ def test_row_gemv_shared_memory_and_columns():
         planner.geometry(spec("gptq_v2_w4a16_g128"), planner.Config("gemv", cols=2, mmax=1), "sm_90")
 
 
-def test_gemv_ring_rules():
-    """The bulk-copy ring: sm_90, SIMT row GEMV, 16-byte vectors; its slots
-    count in the launch's shared memory; bulk copies need 16-byte row slices."""
-    s = spec("w2a16_g128")
-    cfg = planner.Config("gemv", warps=8, vbytes=16, split_k=1, mmax=1, cols=2, ring=4)
-    assert cfg.name == "gemv_m1_w8_c2_v16_s1_b4"
-    g = planner.geometry(s, cfg, "sm_90")
-    run = g["run"]
-    assert g["ring_bytes"] == 8 * 4 * 2 * 32 * run * 16
-    assert planner.launch_smem(g, cfg, 8192) == 8192 * 2 + g["ring_bytes"]
-    assert g["smem"] == planner.GEMV_SMEM_CAP + g["ring_bytes"]
-    assert planner.shape_ok(g, cfg, 8192, 8192)
-    # 2-bit rows of K = 8160 are 2040 bytes: no bulk copy of whole 16-byte units
-    assert not planner.shape_ok(g, cfg, 8192, 8160)
-    for bad, why in ((dict(vbytes=8), "16-byte"), (dict(prefetch=True), "without prefetch"),
-                     (dict(split_k=2), "whole rows"),
-                     (dict(tc=True, cols=1), "SIMT row GEMV"), (dict(ring=1), "at least 2")):
-        with pytest.raises(planner.PlanError, match=why):
-            planner.geometry(s, dataclasses.replace(cfg, **bad), "sm_90")
-    with pytest.raises(planner.PlanError, match="sm_90"):
-        planner.geometry(s, cfg, "sm_80")
-    with pytest.raises(planner.PlanError, match="SIMT row GEMV"):
-        planner.geometry(spec("gptq_v2_w4a16_g128"), dataclasses.replace(cfg, cols=1), "sm_90")
-    rings = [c for c in planner.candidates(s, "sm_90", 1, 8192, 8192) if c.ring]
-    assert rings and {c.ring for c in rings} == set(planner.GEMV_RINGS)
-    assert not [c for c in planner.candidates(s, "sm_80", 1, 8192, 8192) if c.ring]
-
-
 def test_tensor_core_gemv_rules():
     s = spec("w4a16_sym_g128")
     cfg = planner.Config("gemv", warps=8, vbytes=16, split_k=1, mmax=4, tc=True)

@@ -268,28 +268,6 @@ def test_every_row_gemv(name, M, record):
     check_all(spec, cfgs, M, N, K, record)
 
 
-@pytest.mark.parametrize("name", _gemv_specs("n"))
-@pytest.mark.parametrize("M,K", [(1, 20608), (2, 4224)])
-@pytest.mark.parametrize("sms", [None, 3])
-def test_gemv_ring_long_rows(name, M, K, sms, record, monkeypatch):
-    """Every bulk-copy ring config on rows long enough that a warp's ring
-    wraps (K = 20608: 10304-byte 4-bit rows in 1-4 KiB pieces, the last one
-    short; K = 4224 at M = 2); N = 264: the last group's rows run past N.
-    With sms = 3 the launch is capped as if the GPU had 3 SMs, so each
-    persistent warp streams many groups through its ring without draining it."""
-    from opgen.runtime import kernel
-    from opgen.runtime.device import current_arch
-    if sms:
-        monkeypatch.setattr(kernel, "sm_count", lambda: sms)
-    spec = load_spec(shipped_specs()[name])
-    N = 264
-    cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.ring]
-    if not cfgs and M > 1:
-        pytest.skip(f"{name}: no ring config at M={M} (registers)")
-    assert cfgs, f"{name}: no ring config at N={N}, K={K}"
-    check_all(spec, cfgs, M, N, K, record)
-
-
 @pytest.mark.parametrize("name", _gemv_specs("k"))
 @pytest.mark.parametrize("M", [1, 3, 7])
 def test_every_column_gemv(name, M, record):
