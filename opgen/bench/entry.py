@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 from opgen.bench import runner
 from opgen.bench.plan import _load_specs, add_arguments, resolve_plan
 from opgen.bench.report import results_table, targets_section, write_outputs
-from opgen.bench.roofline import finish_row
+from opgen.bench.roofline import READ_ONLY_MAX_M, add_read_only, finish_row
 from opgen.bench.targets import TARGET_SHAPE, evaluate_targets
 
 def _command_line(args) -> str:
@@ -80,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
                 for p in plan.peers:
                     r[f"{p}_us"] = pr.get(f"{p}_us")
                 r["peer_errors"] = dict(pr.get("errors") or {})
-                rows.append(finish_row(r, spec, results["measured"]))
+                r = finish_row(r, spec, results["measured"])
+                if r["M"] <= READ_ONLY_MAX_M and r.get("bound") == "memory":
+                    add_read_only(r, g.read_time(r["bytes"]))
+                rows.append(r)
             # keep the files current: a run cut short still leaves its rows behind
             results["targets"] = evaluate_targets(rows)
             results["wall_s"] = round(time.time() - t_start, 1)

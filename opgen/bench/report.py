@@ -37,7 +37,7 @@ def _table(headers: List[str], rows: List[List[str]], align: Optional[str] = Non
 def results_table(rows: Sequence[dict]) -> str:
     """The per-(spec, N, K, M) table."""
     headers = ["spec", "N x K", "M", "opgen µs", "config", "src", "cuBLAS fp16 µs", "speedup",
-               "peer", "peer µs", "vs peer", "floor µs", "% floor", "check"]
+               "peer", "peer µs", "vs peer", "floor µs", "% floor", "read-only µs", "check"]
     body = []
     for r in rows:
         peer = r.get("relevant_peer")
@@ -57,8 +57,9 @@ def results_table(rows: Sequence[dict]) -> str:
                      PEER_LABELS.get(peer, "—") if peer and peer != BASELINE else "—",
                      peer_us if peer and peer != BASELINE else "—",
                      _fmt_x(r.get("speedup_vs_peer")) if peer and peer != BASELINE else "—",
-                     _fmt_us(r.get("floor_us")) + bound, _fmt_pct(r.get("pct_of_floor")), check])
-    return _table(headers, body, "lllrllrrlrrrrl")
+                     _fmt_us(r.get("floor_us")) + bound, _fmt_pct(r.get("pct_of_floor")),
+                     _fmt_us(r.get("read_us")), check])
+    return _table(headers, body, "lllrllrrlrrrrrl")
 
 
 def peers_table(peer_rows: Sequence[dict], peers: Sequence[str] = PEERS) -> str:
@@ -105,14 +106,19 @@ def targets_section(targets: Sequence[dict]) -> str:
             measured = f"{t['ratio']:.2f}x"
         status = t["status"] + (f" ({t['why']})" if t.get("why") and t["status"] != "met" else "")
         body.append([t["target"], t["spec"], "—" if t["M"] is None else t["M"], measured,
-                     f"{t['op']} {t['need']:g}x", status])
+                     f"{t['op']} {t['need']:g}x", _fmt_us(t.get("opgen_us")), _fmt_us(t.get("needed_us")),
+                     _fmt_us(t.get("read_us")), status])
     N, K = (targets[0]["N"], targets[0]["K"]) if targets else TARGET_SHAPE
     if all(t["status"] == "not measured" for t in targets):
         return (f"## Targets (N = {N}, K = {K})\n\nNot evaluated: this run has no row at "
                 f"N = {N}, K = {K} for the target specs.")
     head = (f"## Targets (N = {N}, K = {K})\n\n{n_met} met, {n_missed} missed, "
             f"{len(targets) - n_met - n_missed} not measured / n/a.\n\n")
-    return head + _table(["target", "spec", "M", "measured", "need", "status"], body, "llrrll")
+    note = ("\n\nneeded µs: the slowest opgen time that meets the target; read-only µs: a "
+            "kernel that only reads the row's bytes, timed the same way (memory-bound rows, "
+            "M <= 16): no kernel that reads them can be faster.")
+    return head + _table(["target", "spec", "M", "measured", "need", "opgen µs", "needed µs",
+                          "read-only µs", "status"], body, "llrrrrrrl") + note
 
 
 def markdown(results: dict) -> str:

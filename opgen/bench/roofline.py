@@ -136,3 +136,14 @@ def finish_row(row: dict, spec, measured: dict) -> dict:
         row["linear_speedup_vs_bminf"] = (_r(_ratio(row.get("bminf_w8a8_us"), row.get("opgen_linear_us")))
                                           if spec.a.dtype == "int8" else None)
     return row
+
+
+# Memory-bound rows up to this M also get the time of a kernel that only
+# reads their bytes (runner.read_time): the floor as this timer sees it.
+READ_ONLY_MAX_M = 16
+
+
+def add_read_only(row: dict, read_us) -> dict:
+    row["read_us"] = _r(read_us)
+    row["x_read"] = _r(_ratio(row.get("opgen_us"), read_us))
+    return row

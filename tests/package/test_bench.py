@@ -286,8 +286,10 @@ def test_markdown():
     assert "WRONG" in table[4]                     # the row that failed its check
     assert "| err |" in table[-1]                  # mxfp4: opgen failed
     assert "## Targets (N = 8192, K = 8192)" in md
-    assert "| W4A16 g128 M=1 vs cuBLAS fp16 | gptq_v2_w4a16_g128 | 1 | 5.00x | >= 4.5x | met |" in md
-    assert "| W2A16 M=1 within 1.4x of byte floor | w2a16_g128 | 1 | 1.40x floor | <= 1.4x | met |" in md
+    # opgen µs, the slowest time that meets the target (50 / 4.5), no read-only time in SYNTH
+    assert ("| W4A16 g128 M=1 vs cuBLAS fp16 | gptq_v2_w4a16_g128 | 1 | 5.00x | >= 4.5x | 10.00 | "
+            "11.11 | — | met |") in md
+    assert "| W2A16 M=1 within 1.4x of byte floor | w2a16_g128 | 1 | 1.40x floor | <= 1.4x |" in md
     assert "missed" in md and "## Problems" in md and "CompileError: boom" in md
     assert "## Peers" in md and "torch._int_mm: RuntimeError: M must be > 16" in md
     w8 = [r for r in res["rows"] if r["spec"] == "w8a8_int8" and r["M"] == 64][0]
@@ -626,6 +628,9 @@ class _FakeGpuRun:
         return [{"spec": spec.name, "N": N, "K": K, "M": M, "opgen_us": 10.0, "config": "c",
                  "source": "heuristic", "verified": True} for M in Ms]
 
+    def read_time(self, nbytes):
+        return 8.0
+
 
 def test_run_with_fake_gpu(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(bench.runner, "_Gpu", _FakeGpuRun)
@@ -645,5 +650,24 @@ def test_run_with_fake_gpu(monkeypatch, tmp_path, capsys):
     w8 = [x for x in res["rows"] if x["spec"] == "w8a8_int8"]
     assert w8[0]["peer_errors"] == {"int_mm": "too small"} and w8[1]["int_mm_us"] == 50.0
     assert any(t["status"] == "met" for t in res["targets"])
+    # memory-bound rows up to M = 16 carry the read-only kernel's time, the others not
+    assert r["M"] == 1 and r["bound"] == "memory" and r["read_us"] == 8.0 and r["x_read"] == 1.25
+    assert all("read_us" not in x for x in res["rows"] if x["M"] == 64)
+    assert all(t.get("read_us") == 8.0 for t in res["targets"] if t["M"] == 1)
     printed = capsys.readouterr().out
     assert "| spec | N x K |" in printed and "## Targets" in printed
+
+
+@pytest.mark.gpu
+def test_read_time_on_gpu():
+    """The read-only kernel: no faster than HBM allows (5 TB/s is above any
+    H100/H200 part), cached per size."""
+    pytest.importorskip("torch")
+    from opgen.runtime.device import has_gpu
+    if not has_gpu():
+        pytest.skip("needs an NVIDIA GPU")
+    g = bench._Gpu(budget_ms=5, mem_cap=8 << 30)
+    nbytes = 32 << 20
+    t = g.read_time(nbytes)
+    assert t is not None and nbytes / 5e6 < t < 1000.0
+    assert g.read_time(nbytes - 4) == t           # same 16-byte words: from the cache
