@@ -729,6 +729,15 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     else:
         cands = [c for c in cands if not c.wgmma] or cands
     wide = 256 if M >= 1024 else 128
+    # Decoded weights on wgmma above M = 64: every m-tile decodes all the
+    # weights again, so 128-row tiles beat the least padding of M, and they
+    # go 256 wide once those tiles fill most of a wave (run6 tuning logs: a
+    # 128-row tile won the 129-256 bucket at every bench shape, 128 wide up
+    # to N = 8192, 256 from 14336; at 6144^2, M = 192, the 64-row pick was
+    # 1.2-1.3x slower).
+    tall = not dense and M > 64 and cands is wg
+    if tall:
+        wide = 256 if -(-N // 256) * -(-M // 128) >= 0.8 * sms else 128
 
     # Enough blocks: up to M = 64 (memory-bound) about two per SM, split-K
     # until there (sweep 1: 256 blocks beat 128 and 512); above, split-K only
@@ -736,11 +745,12 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     want_blocks = 15 * sms // 8 if M <= 64 else sms // 2
 
     def score(c: Config):
-        # Then: least padding of M, tall tiles, 128 wide (256 for large M with
-        # wgmma), the fewest split-K slices (sweeps in bench/results/h200/sweeps).
+        # Then: least padding of M (not for `tall`), tall tiles, 128 wide (256
+        # for large M with wgmma), the fewest split-K slices (sweeps in
+        # bench/results/h200/sweeps).
         if c.family != "gemm":
             return (True, 9.0, 0, True, 0, True, True)
-        waste = (-(-M // c.BM) * c.BM) / M
+        waste = 1.0 if tall else (-(-M // c.BM) * c.BM) / M
         # wgmma on dense operands keeps a group in flight: it wants the whole K
         # and deep pipelines (sweep 3, w8a8 M=64: p5 s1 34 us, p4 s4 54 us).
         deep = dense and c.wgmma

@@ -113,6 +113,20 @@ def test_heuristic_takes_tma_like_the_tuned_winners():
     assert not planner.heuristic(spec("w8a8_int8"), "sm_80", 64, 8192, 8192).tma
 
 
+def test_heuristic_takes_tall_tiles_for_decoded_weights():
+    """Decoded weights on wgmma above M = 64: 128-row tiles despite padding
+    (each m-tile decodes the weights again), 256 wide once they fill most of a
+    wave, as the run6 winners of the 129-256 bucket had them."""
+    for name, M, N, want in (("w4a16_sym_g128", 256, 8192, (128, 128)),
+                             ("w4a16_sym_g128", 192, 6144, (128, 128)),
+                             ("bnb_nf4", 256, 28672, (128, 256)),
+                             ("mxfp4", 256, 14336, (128, 256))):
+        c = planner.heuristic(spec(name), "sm_90", M, N, 8192)
+        assert c.wgmma and not c.predecode and (c.BM, c.BN) == want, c.name
+    # dense operands keep the TMA rule, M <= 64 the least padding
+    assert planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 48, 6144, 6144).BM == 64
+
+
 def test_config_round_trip_and_names():
     cfgs = planner.all_configs()
     assert len({c.name for c in cfgs}) == len(cfgs)
