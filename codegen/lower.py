@@ -151,9 +151,10 @@ def numerics(spec: Spec, fp8_mma: bool = True) -> Numerics:
 @dataclass(frozen=True)
 class Pair:
     word: int        # 32-bit word of the vector
-    shift: int       # bit offset of the first code; the second sits 16 bits higher
+    shift: int       # bit offset of the first code; the second sits `step` bits higher
     ia: int          # element index (into the vector's vals[]) of the first code
     ib: int
+    step: int = 16   # 16: one code per half-word (fp16x2 lanes); 4: the two nibbles of a byte
 
 
 @dataclass(frozen=True)
@@ -182,8 +183,11 @@ class Vector:
 
 
 @functools.lru_cache(maxsize=None)
-def vector(lay: Layout, vbytes: int) -> Vector:
+def vector(lay: Layout, vbytes: int, byte_pairs: bool = False) -> Vector:
+    """byte_pairs (4-bit codes): pair the two nibbles of each byte, for a
+    decode that looks a whole byte up in a table of value pairs."""
     assert vbytes % 4 == 0 and vbytes % lay.elem_bytes == 0
+    assert not byte_pairs or lay.bits == 4
     V = vbytes // lay.elem_bytes
     nrows, ncols = lay.row_div, V * lay.col_div
     slots = vbytes * 8 // lay.bits
@@ -204,8 +208,12 @@ def vector(lay: Layout, vbytes: int) -> Vector:
     pairs = []
     for w in range(vbytes // 4):
         for s in range(half):
-            a = w * per_word + s
-            pairs.append(Pair(w, s * lay.bits, elem(a), elem(a + half)))
+            if byte_pairs:
+                a = w * per_word + 2 * s
+                pairs.append(Pair(w, 8 * s, elem(a), elem(a + 1), step=4))
+            else:
+                a = w * per_word + s
+                pairs.append(Pair(w, s * lay.bits, elem(a), elem(a + half)))
     assert len(pairs) * 2 == slots
     dn, dk = [], []
     for e in range(nrows * ncols):
@@ -219,7 +227,7 @@ def vector(lay: Layout, vbytes: int) -> Vector:
 @dataclass(frozen=True)
 class Decode:
     """How decode_pair turns two codes into compute values (see decode.cuh.j2)."""
-    method: str          # magic | fp4 | e5m2 | e4m3 | table | scalar
+    method: str          # magic | fp4 | e5m2 | e4m3 | table | pair_table | scalar
     mask: int
     magic: bool
     magic_base: int = 0
@@ -235,9 +243,19 @@ def _h(x: int) -> str:
     return f"0x{x:08X}"
 
 
+def pair_table_ok(lay: Layout, num: Numerics) -> bool:
+    """4-bit codebook codes (NF4, fp4 e2m1): the GEMV decodes a byte (two
+    codes) with one shared-memory load from a table of value pairs."""
+    return lay.bits == 4 and num.table is not None and num.code_kind in ("table", "fp4")
+
+
 @functools.lru_cache(maxsize=None)
-def decode_plan(lay: Layout, num: Numerics) -> Decode:
+def decode_plan(lay: Layout, num: Numerics, pair_table: bool = False) -> Decode:
+    """pair_table: the caller pairs codes by byte (vector(..., byte_pairs=True))."""
     bits = lay.bits
+    if pair_table:
+        assert pair_table_ok(lay, num)
+        return Decode("pair_table", 0xFF, False)
     mask = (1 << bits) - 1 if bits < 32 else 0xFFFFFFFF
     kind = num.code_kind
     f16 = num.compute_t == "half"

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Dict, List, Optional, Tuple
 
 from . import hw
-from .lower import (MAC_RUN, Layout, Numerics, Vector, decode_plan, gemv_mac, numerics, vector,
-                    weight_layout)
+from .lower import (MAC_RUN, Layout, Numerics, Vector, decode_plan, gemv_mac, numerics,
+                    pair_table_ok, vector, weight_layout)
 from .errors import UserError
 from .spec import Shape, Spec, Weight
 
@@ -365,7 +365,9 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     vb = cfg.vbytes
     if vb % lay.elem_bytes or vb % 4:
         raise PlanError("vector bytes must hold whole words")
-    vec = vector(lay, vb)
+    # 4-bit codebooks: one table load per byte of codes (pairs of nibbles)
+    pair_table = pair_table_ok(lay, num)
+    vec = vector(lay, vb, byte_pairs=pair_table)
     if num.group and num.group % vec.k_extent:
         raise PlanError("weight vector crosses a scale group")
     scheme = "row" if lay.row_axis == "n" else "col"
@@ -389,7 +391,7 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     elif _row_gemv_regs(cfg, vec, run) > GEMV_REGS:
         raise PlanError(f"~{_row_gemv_regs(cfg, vec, run)} registers of live values per thread "
                         f"(limit {GEMV_REGS})")
-    return dict(threads=cfg.warps * 32, scheme=scheme, vec=vec, dec=decode_plan(lay, num),
+    return dict(threads=cfg.warps * 32, scheme=scheme, vec=vec, dec=decode_plan(lay, num, pair_table),
                 smem=GEMV_SMEM_CAP if scheme == "row" else 0, run=run, num_group=num.group,
                 mac=gemv_mac(vec), mac_run=MAC_RUN)
 

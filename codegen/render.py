@@ -63,7 +63,7 @@ def render(spec: Spec, cfg: planner.Config, arch: str) -> tuple[str, dict]:
     g = planner.geometry(spec, cfg, arch)
     num = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma)
     lay = weight_layout(spec)
-    dec = decode_plan(lay, num)
+    dec = g.get("dec") or decode_plan(lay, num)     # the GEMV may pair codes by byte
     zc = _zero_context(num)
     ctx = dict(
         spec_name=spec.name, kernel_name=kernel_name(spec, cfg), c=cfg, g=g, num=num, lay=lay,

@@ -23,11 +23,32 @@ def test_vector_covers_each_element_once(name):
     for vb in (4, 8, 16):
         if vb % lay.elem_bytes:
             continue
-        v = vector(lay, vb)
-        seen = sorted([p.ia for p in v.pairs] + [p.ib for p in v.pairs])
-        assert seen == list(range(v.nrows * v.ncols))
-        cells = set(zip(v.dn, v.dk))
-        assert len(cells) == v.nrows * v.ncols == v.n_extent * v.k_extent
+        for byte_pairs in ((False, True) if lay.bits == 4 else (False,)):
+            v = vector(lay, vb, byte_pairs)
+            seen = sorted([p.ia for p in v.pairs] + [p.ib for p in v.pairs])
+            assert seen == list(range(v.nrows * v.ncols))
+            cells = set(zip(v.dn, v.dk))
+            assert len(cells) == v.nrows * v.ncols == v.n_extent * v.k_extent
+
+
+def test_byte_pairs_for_4_bit_codebooks():
+    """NF4 and MXFP4 GEMVs pair the two nibbles of each byte (one lookup in a
+    table of value pairs); the pair is the byte's low then high nibble, which
+    NF4 stores as elements k + 1, k and MXFP4 as k, k + 1."""
+    for name, first in (("bnb_nf4", 1), ("mxfp4", 0)):
+        s = spec(name)
+        g = planner.geometry(s, planner.Config("gemv", vbytes=16, mmax=1, warps=8, cols=4), "sm_90")
+        assert g["dec"].method == "pair_table"
+        v = g["vec"]
+        assert all(p.step == 4 and p.shift % 8 == 0 for p in v.pairs)
+        p0 = v.pairs[0]
+        assert (v.dk[p0.ia], v.dk[p0.ib]) == (first, 1 - first)
+    # the GEMMs keep the per-code table; other formats their decode
+    from opgen.codegen.lower import decode_plan, numerics
+    nf4 = spec("bnb_nf4")
+    assert decode_plan(weight_layout(nf4), numerics(nf4)).method == "table"
+    g = planner.geometry(spec("w4a16_sym_g128"), planner.Config("gemv", vbytes=16, mmax=1), "sm_90")
+    assert g["dec"].method == "magic" and g["vec"].pairs[0].step == 16
 
 
 @pytest.mark.parametrize("name", MATMUL)

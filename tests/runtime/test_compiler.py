@@ -102,6 +102,22 @@ def test_tma_sass_and_resources(name, cluster):
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{cfg.name}: local memory in SASS"
 
 
+@pytest.mark.parametrize("name", ["bnb_nf4", "mxfp4"])
+def test_pair_table_gemv_sass(name):
+    """The 4-bit codebook GEMVs look each byte of codes up in the 32-copy
+    table of value pairs (32 KiB of static shared memory): 32-bit lookups,
+    none of the per-code 16-bit ones, no spills or local memory."""
+    s = spec(name)
+    cfg = planner.heuristic(s, "sm_90", 1, 8192, 8192)
+    c = compiler.compile_kernel(s, cfg, "sm_90")
+    assert c.resources["spill_bytes"] == 0 and c.resources["smem_static"] >= 256 * 32 * 4
+    if compiler.find_nvdisasm() is None:
+        pytest.skip("nvdisasm not installed (extra 'sass')")
+    sass = compiler.disassemble(c.cubin)
+    assert re.search(r"\bLDS\b", sass) and not re.search(r"\bLDS\.U16\b", sass)
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
 def test_alignment_rule_is_stated():
     s = spec("gptq_v2_w4a16_g128")
     with pytest.raises(planner.PlanError, match="multiple of 32"):
