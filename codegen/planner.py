@@ -736,7 +736,8 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     # go 256 wide once those tiles fill most of a wave (run6 tuning logs: a
     # 128-row tile won the 129-256 bucket at every bench shape, 128 wide up
     # to N = 8192, 256 from 14336; at 6144^2, M = 192, the 64-row pick was
-    # 1.2-1.3x slower).
+    # 1.2-1.3x slower). Not yet wave-aware: at 11008 x 4096, M = 192 (128-row
+    # tiles 1.3 waves, 64-row ones 1.95) the 64-row tiles won by 1.3-1.5x (run7).
     tall = not dense and M > 64 and cands is wg
     if tall:
         wide = 256 if -(-N // 256) * -(-M // 128) >= 0.8 * sms else 128

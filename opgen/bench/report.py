@@ -115,8 +115,9 @@ def targets_section(targets: Sequence[dict]) -> str:
     head = (f"## Targets (N = {N}, K = {K})\n\n{n_met} met, {n_missed} missed, "
             f"{len(targets) - n_met - n_missed} not measured / n/a.\n\n")
     note = ("\n\nneeded µs: the slowest opgen time that meets the target; read-only µs: a "
-            "kernel that only reads the row's bytes, timed the same way (memory-bound rows, "
-            "M <= 16): no kernel that reads them can be faster.")
+            "plain streaming read of the row's bytes, timed the same way (memory-bound rows, "
+            "M <= 16). Where needed < read-only, the target asks for less time than reading "
+            "the weights takes.")
     return head + _table(["target", "spec", "M", "measured", "need", "opgen µs", "needed µs",
                           "read-only µs", "status"], body, "llrrrrrrl") + note
 

@@ -240,7 +240,7 @@ class _Gpu:
 extern "C" __global__ void opgen_read(const uint4* __restrict__ p, long long n, unsigned* sink) {
   // Reads n 16-byte words once, 8 loads in flight per thread, streamed past L1
   // (ld.global.nc.L1::no_allocate.v4, as the GEMV's weight loads), and keeps
-  // their XOR alive: no kernel that must read those bytes can be faster.
+  // their XOR alive: the yardstick for kernels that must read those bytes.
   unsigned x = 0u;
   const long long stride = (long long)gridDim.x * blockDim.x * 8;
   for (long long base = (long long)blockIdx.x * blockDim.x * 8 + threadIdx.x; base < n; base += stride) {
