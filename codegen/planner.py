@@ -726,7 +726,8 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     wg = [c for c in cands if c.wgmma]
     # (a predecode config's GEMM is a dense one)
     dense = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).dense or all(c.predecode for c in cands)
-    if wg and M > 32:
+    on_wgmma = bool(wg) and M > 32
+    if on_wgmma:
         cands = wg
     else:
         cands = [c for c in cands if not c.wgmma] or cands
@@ -738,7 +739,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     # to N = 8192, 256 from 14336; at 6144^2, M = 192, the 64-row pick was
     # 1.2-1.3x slower). Not yet wave-aware: at 11008 x 4096, M = 192 (128-row
     # tiles 1.3 waves, 64-row ones 1.95) the 64-row tiles won by 1.3-1.5x (run7).
-    tall = not dense and M > 64 and cands is wg
+    tall = not dense and M > 64 and on_wgmma
     if tall:
         wide = 256 if -(-N // 256) * -(-M // 128) >= 0.8 * sms else 128
 

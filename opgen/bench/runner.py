@@ -44,6 +44,7 @@ class _Gpu:
         self.seed = seed
         self.n_done = 0
         self._read_cache: Dict[int, Optional[float]] = {}     # read_time, per 16-byte words
+        self._read_kernel = None                                # its kernel, compiled once
         self.t0 = time.time()
 
     def log(self, text: str) -> None:
@@ -274,7 +275,9 @@ extern "C" __global__ void opgen_read(const uint4* __restrict__ p, long long n, 
         cp, us = self.cp, None
         try:
             from opgen.runtime import device
-            kern = cp.RawKernel(self._READ_SRC, "opgen_read")
+            if self._read_kernel is None:
+                self._read_kernel = cp.RawKernel(self._READ_SRC, "opgen_read")
+            kern = self._read_kernel
             n = self.n_copies(words * 16)
             bufs = [cp.random.randint(0, 2 ** 31, size=words * 4, dtype=cp.int32) for _ in range(n)]
             sink = cp.zeros(1, cp.uint32)

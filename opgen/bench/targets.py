@@ -66,15 +66,6 @@ def _target_value(t: Target, row: dict) -> Tuple[Optional[float], Optional[str]]
     raise ValueError(f"unknown target metric {t.metric!r}")
 
 
-def _needed_us(t: Target, row: dict) -> Optional[float]:
-    """The slowest opgen time that meets the target on this row."""
-    if t.metric.startswith("vs:"):
-        p = row.get(f"{t.metric[3:]}_us")
-        return p / t.need if p else None
-    f = row.get("bytes_floor_us")
-    return f * t.need if f else None
-
-
 def evaluate_targets(rows: Iterable[dict], targets: Sequence[Target] = TARGETS,
                      shape: Tuple[int, int] = TARGET_SHAPE) -> List[dict]:
     """One entry per (target, spec, M) found at `shape`: status 'met' / 'missed'
@@ -94,15 +85,17 @@ def evaluate_targets(rows: Iterable[dict], targets: Sequence[Target] = TARGETS,
             continue
         for r in hits:
             ratio, why = _target_value(t, r)
+            needed = None                      # the slowest opgen time that meets the target
             if ratio is None:
                 status = "n/a"
             elif t.higher_is_better:
                 status = "met" if ratio >= t.need else "missed"
+                needed = r["opgen_us"] * ratio / t.need
             else:
                 status = "met" if ratio <= t.need else "missed"
+                needed = r["opgen_us"] * t.need / ratio
             e = {**base, "spec": r["spec"], "M": r["M"], "ratio": _r(ratio), "status": status,
-                 "opgen_us": r.get("opgen_us"), "needed_us": _r(_needed_us(t, r)),
-                 "read_us": r.get("read_us")}
+                 "opgen_us": r.get("opgen_us"), "needed_us": _r(needed), "read_us": r.get("read_us")}
             if why:
                 e["why"] = why
             out.append(e)
