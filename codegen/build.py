@@ -38,8 +38,10 @@ TMA_ARGUMENTS = [
     ("tmA", "const __grid_constant__ CUtensorMap",
      "activations [M, K]: cuTensorMapEncodeTiled, 2-D, box = tma.box_a, 128-byte swizzle, zero OOB fill"),
     ("tmB", "const __grid_constant__ CUtensorMap",
-     "dense weights [N, K] (for predecode: the dequant launch's output): box = tma.box_b, same settings"),
-] + [a for a in ARGUMENTS if a[0] in ("a_scale", "s", "bias", "out", "M", "N", "K")]
+     "weights: dense [N, K] (for predecode: the dequant launch's output), box = tma.box_b, same "
+     "settings; or the stored words of decoded weights as bytes [N, K * bits / 8], box = tma.box_b, "
+     "no swizzle"),
+] + [a for a in ARGUMENTS if a[0] in ("a_scale", "s", "z", "bias", "out", "M", "N", "K")]
 
 
 def _tma_launch(cfg: planner.Config, geom: dict) -> Optional[dict]:
@@ -48,9 +50,10 @@ def _tma_launch(cfg: planner.Config, geom: dict) -> Optional[dict]:
     2 = UINT16); cluster blocks along M are compiled in (__cluster_dims__)."""
     if not geom.get("tma"):
         return None
-    return dict(elem_bytes=geom["ce"], box_a=[cfg.BM, cfg.BK], box_b=[cfg.BN // cfg.cluster, cfg.BK],
-                swizzle="128B", oob_fill="zeros", cluster=[1, cfg.cluster, 1],
-                arguments=[dict(name=n, type=t, doc=d) for n, t, d in TMA_ARGUMENTS])
+    stored = {} if geom["dense"] else dict(b_elem_bytes=1, box_b=[cfg.BN, geom["b_rowb"]], b_swizzle="none")
+    return dict(dict(elem_bytes=geom["ce"], box_a=[cfg.BM, cfg.BK], box_b=[cfg.BN // cfg.cluster, cfg.BK],
+                     swizzle="128B", oob_fill="zeros", cluster=[1, cfg.cluster, 1],
+                     arguments=[dict(name=n, type=t, doc=d) for n, t, d in TMA_ARGUMENTS]), **stored)
 
 
 def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,

@@ -209,9 +209,20 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     return g
 
 
-# Registers per thread after setmaxnreg (tma GEMM with two MMA warpgroups):
-# 128 x 40 + 256 x 232 = 64512 of the SM's 65536.
-TMA_PRODUCER_REGS, TMA_CONSUMER_REGS = 40, 232
+# Registers per thread after setmaxnreg (tma GEMM with two MMA warpgroups).
+# setmaxnreg.inc only takes what the block's other warps gave back: the split
+# must fit the block's launch allocation, 384 threads x 168 (ptxas's cap
+# under __launch_bounds__(384, 1)) = 64512, or the MMA warps wait forever (a
+# 96 / 208 split, 256 registers over, hung on the H200).
+TMA_BLOCK_REGS = 384 * 168
+
+
+def _consumer_regs(producer: int) -> int:
+    return (TMA_BLOCK_REGS - 128 * producer) // 256 // 8 * 8
+
+
+TMA_PRODUCER_REGS = 40                                   # the producer only issues TMA
+TMA_CONSUMER_REGS = _consumer_regs(TMA_PRODUCER_REGS)    # 232
 
 
 def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.Mma) -> Dict:
@@ -223,10 +234,21 @@ def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.M
         raise PlanError("clusters and rasters are for tma configs")
     if not (a.tma and cfg.wgmma):
         raise PlanError(f"tma configs are wgmma configs on sm_90a (target {a.name})")
-    if not num.dense or lay.row_axis != "n":
-        raise PlanError("tma configs take dense weights stored [N, K]")
+    if lay.row_axis != "n" or not _k_major(lay):
+        raise PlanError("tma configs take weights stored [N, K] (packed along k)")
     ce = mma.a_bytes
     _check_wgmma(cfg, a, num, lay, ce)
+    dt, raw = {}, 0
+    if not num.dense:
+        # Decoded weights: the producer warpgroup TMA-loads the raw tile into
+        # the stage and decodes it into the stage's B tile for the MMA warps.
+        if cfg.cluster != 1:
+            raise PlanError("tma configs on decoded weights load their own tiles (cluster 1)")
+        dt = _decoded_tile(lay, num, cfg.BN, cfg.BK, kmajor=True)
+        if dt["b_rowb"] % 16:
+            raise PlanError(f"raw weight tile rows of {dt['b_rowb']} bytes (TMA boxes need 16+)")
+        raw = -(-dt["b_rows"] * dt["b_rowb"] // 1024) * 1024
+        dt["stored_bits"] = lay.bits
     if cfg.split_k != 1 or cfg.min_blocks != 1:
         raise PlanError("tma configs run the whole K in one block (split_k 1, min_blocks 1)")
     if cfg.cluster not in (1, 2):
@@ -236,15 +258,21 @@ def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.M
     consumers = (cfg.BM // 64) * (cfg.BN // cfg.WN)
     if consumers > 2:
         raise PlanError(f"{consumers} MMA warpgroups (at most 2)")
+    if not num.dense and consumers > 1:
+        # Beside a decoding producer (which needs ~96 registers) two MMA
+        # warpgroups hung on the H200 with a 96 / 208 split, over the launch
+        # allocation; 96 / _consumer_regs(96) = 200 fits, not yet run there.
+        raise PlanError("tma configs on decoded weights take one MMA warpgroup (BM 64, WN = BN)")
     rowb = cfg.BK * ce                                  # 128: one swizzle atom per row
-    stage = (cfg.BM + cfg.BN) * rowb                    # multiples of 1024 bytes
+    stage = (cfg.BM + cfg.BN) * rowb + raw              # multiples of 1024 bytes
     smem = cfg.stages * stage + 1024                    # + slack to align the base
     if smem + STATIC_SMEM_RESERVE > a.smem_per_block:
         raise PlanError(f"{smem} bytes of shared memory > {a.smem_per_block} on sm_90")
-    return dict(threads=128 * (consumers + 1), consumers=consumers, ce=ce, a_bytes=ce,
-                a_decode=False, mma_ptx=mma.ptx, acc_int=mma.acc == "s32", dense=True,
-                b_kmajor=True, rowb=rowb, stage_bytes=stage, smem=smem, grid_tiles=(cfg.BN, cfg.BM),
-                wgmma=True, tma=True, inflight=1, target=hw.WGMMA_TARGET[a.name],
+    return dict(dt, threads=128 * (consumers + 1), consumers=consumers, ce=ce, a_bytes=ce,
+                a_decode=False, mma_ptx=mma.ptx, acc_int=mma.acc == "s32", dense=num.dense,
+                b_kmajor=True, rowb=rowb, stage_bytes=stage, raw_bytes=raw, smem=smem,
+                grid_tiles=(cfg.BN, cfg.BM), wgmma=True, tma=True, inflight=1,
+                target=hw.WGMMA_TARGET[a.name],
                 wgmma_types=hw.WGMMAS[num.mma].types, wgmma_tail=hw.WGMMAS[num.mma].tail,
                 regs=(TMA_PRODUCER_REGS, TMA_CONSUMER_REGS) if consumers == 2 else None)
 
@@ -465,6 +493,9 @@ def gemv_run(cfg: Config, num: Numerics, vec: Vector, scheme: str) -> int:
 
 
 def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
+    if g.get("stored_bits"):
+        # the TMA map of stored words: rows of whole 16-byte units
+        return K * g["stored_bits"] // 8 % 16 == 0
     if cfg.family == "gemv":
         vec = g["vec"]
         if g["scheme"] == "row":
@@ -716,7 +747,10 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     # from M = 9, where 64-row tiles are) won every bucket it was in in the
     # run4 tuning logs (1.1-2x over the cp.async wgmma pick): tiles as the
     # winners had them.
-    tma = [c for c in cands if c.tma]
+    # (Decoded weights on the TMA GEMM, without predecode: the tuner's to
+    # time; not measured yet, so not a pick.)
+    dense_op = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).dense
+    tma = [c for c in cands if c.tma and (dense_op or c.predecode)]
     if tma:
         return min(tma, key=lambda c: _tma_score(c, M, N, sms))
     # Measured on the H200: wgmma wins from M = 33 on, mma.sync below (dense

@@ -63,8 +63,10 @@ class Kernel:
         self.geometry = self.compiled.geometry
         self._ws = {}     # (device, stream) -> (workspace, counters)
         self._grids = {}  # (M, N, K) -> (launch grid, dynamic shared memory)
-        self._tma = (tma.TmaMaps(self.geometry["ce"], gcfg.BM, gcfg.BN, gcfg.BK, gcfg.cluster)
-                     if self.geometry.get("tma") else None)
+        geo = self.geometry
+        self._tma = (tma.TmaMaps(geo["ce"], gcfg.BM, gcfg.BN, gcfg.BK, gcfg.cluster,
+                                 *(() if geo["dense"] else (geo["stored_bits"], geo["b_rowb"])))
+                     if geo.get("tma") else None)
 
     def grid(self, M: int, N: int, K: int) -> tuple:
         return self._launch_shape(M, N, K)[0]
@@ -113,7 +115,7 @@ class Kernel:
     def _launch_tma(self, ptrs: dict, M: int, N: int, K: int, grid, smem: int, stream) -> None:
         p = lambda k: ctypes.c_uint64(ptrs.get(k) or 0)
         args = [self._tma.a(ptrs["a"], M, K), self._tma.b(ptrs["b"], N, K), p("a_scale"), p("s"),
-                p("bias"), p("out"), ctypes.c_int32(M), ctypes.c_int32(N), ctypes.c_int32(K)]
+                p("z"), p("bias"), p("out"), ctypes.c_int32(M), ctypes.c_int32(N), ctypes.c_int32(K)]
         tma.launch(self.fn, grid, self.geometry["threads"], smem, stream.ptr, args)
 
     def __call__(self, a, tensors: dict, out, a_scale=None, bias=None, stream=None):

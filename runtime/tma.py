@@ -14,6 +14,7 @@ from typing import Dict, Tuple
 # UINT16, int8/fp8 as UINT8), and the enum values of cuda.h.
 _DTYPE = {1: 0, 2: 1}                 # CU_TENSOR_MAP_DATA_TYPE_UINT8, _UINT16
 _INTERLEAVE_NONE = 0
+_SWIZZLE_NONE = 0                     # stored weight words, read back as plain rows
 _SWIZZLE_128B = 3                     # matches wgmma_desc's 128-byte swizzle
 _L2_PROMOTION_256B = 3
 _OOB_FILL_ZEROS = 0                   # rows / columns past the tensor read as 0
@@ -37,16 +38,18 @@ def _driver():
     return f
 
 
-def encode_2d(ptr: int, rows: int, cols: int, elem_bytes: int, box_rows: int, box_cols: int) -> TensorMap:
+def encode_2d(ptr: int, rows: int, cols: int, elem_bytes: int, box_rows: int, box_cols: int,
+              swizzle: int = _SWIZZLE_128B) -> TensorMap:
     """A row-major [rows, cols] tensor at device address ptr, read in boxes of
-    box_rows x box_cols elements (box_cols * elem_bytes = 128: one swizzle atom)."""
+    box_rows x box_cols elements (128-byte swizzle: box_cols * elem_bytes = 128,
+    one swizzle atom; none: any multiple of 16 bytes)."""
     m = TensorMap()
     dims = (ctypes.c_uint64 * 2)(cols, rows)
     strides = (ctypes.c_uint64 * 1)(cols * elem_bytes)        # bytes between rows
     box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
     step = (ctypes.c_uint32 * 2)(1, 1)
     rc = _driver()(ctypes.byref(m), _DTYPE[elem_bytes], 2, ctypes.c_void_p(ptr), dims, strides, box,
-                   step, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZEROS)
+                   step, _INTERLEAVE_NONE, swizzle, _L2_PROMOTION_256B, _OOB_FILL_ZEROS)
     if rc != 0:
         raise TmaError(f"cuTensorMapEncodeTiled returned {rc} for a [{rows}, {cols}] x {elem_bytes}-byte "
                        f"tensor at 0x{ptr:x}, box {box_rows} x {box_cols}")
@@ -59,25 +62,33 @@ class TmaMaps:
 
     LIMIT = 256
 
-    def __init__(self, elem_bytes: int, BM: int, BN: int, BK: int, cluster: int):
+    def __init__(self, elem_bytes: int, BM: int, BN: int, BK: int, cluster: int,
+                 stored_bits: int = 0, stored_rowb: int = 0):
+        """stored_bits / stored_rowb (decoded weights): B is the stored words,
+        [N, K * bits / 8] bytes, read unswizzled in boxes of BN x stored_rowb."""
         self.elem_bytes, self.BM, self.BN, self.BK, self.cluster = elem_bytes, BM, BN, BK, cluster
-        self._maps: Dict[Tuple[int, int, int, int], TensorMap] = {}
+        self.stored_bits, self.stored_rowb = stored_bits, stored_rowb
+        self._maps: Dict[Tuple[int, ...], TensorMap] = {}
 
-    def _get(self, ptr: int, rows: int, cols: int, box_rows: int) -> TensorMap:
-        key = (ptr, rows, cols, box_rows)
+    def _get(self, ptr: int, rows: int, cols: int, elem_bytes: int, box_rows: int, box_cols: int,
+             swizzle: int = _SWIZZLE_128B) -> TensorMap:
+        key = (ptr, rows, cols, box_rows, box_cols)
         m = self._maps.get(key)
         if m is None:
             if len(self._maps) >= self.LIMIT:
                 self._maps.clear()
-            m = self._maps[key] = encode_2d(ptr, rows, cols, self.elem_bytes, box_rows, self.BK)
+            m = self._maps[key] = encode_2d(ptr, rows, cols, elem_bytes, box_rows, box_cols, swizzle)
         return m
 
     def a(self, ptr: int, M: int, K: int) -> TensorMap:
-        return self._get(ptr, M, K, self.BM)
+        return self._get(ptr, M, K, self.elem_bytes, self.BM, self.BK)
 
     def b(self, ptr: int, N: int, K: int) -> TensorMap:
+        if self.stored_bits:
+            return self._get(ptr, N, K * self.stored_bits // 8, 1, self.BN, self.stored_rowb,
+                             _SWIZZLE_NONE)
         # Each block of a cluster loads (and multicasts) its share of the rows.
-        return self._get(ptr, N, K, self.BN // self.cluster)
+        return self._get(ptr, N, K, self.elem_bytes, self.BN // self.cluster, self.BK)
 
 
 def launch(fn, grid, threads: int, smem: int, stream_ptr: int, args: list) -> None:

@@ -95,16 +95,31 @@ def test_wgmma_refusals_name_the_reason():
 
 
 def test_tma_rules():
-    """tma configs: dense [N, K] weights on sm_90a only, whole K per block,
+    """tma configs: weights stored [N, K] on sm_90a only, whole K per block,
     clusters only where two m-tiles can share the weight tile, and the grid
     rounded up to whole clusters."""
     tma = lambda **kw: planner.Config("gemm", 128, 256, kw.pop("BK", 64), 64, 256, 4, 1, wgmma=True, tma=True, **kw)
     g = planner.geometry(spec("fp16"), tma(cluster=2), "sm_90")
     assert g["tma"] and g["threads"] == 384 and g["consumers"] == 2 and g["regs"] == (40, 232)
     assert g["smem"] == 4 * (128 + 256) * 128 + 1024
-    for name, why in (("gptq_v2_w4a16_g128", "dense weights"), ("fp8_e4m3_w8a16", "dense weights")):
+    # [K, N] words (GPTQ) have no K-major stored tile; decoded weights load their own tiles
+    for name, cfg, why in (("gptq_v2_w4a16_g128", tma(), r"stored \[N, K\]"),
+                           ("w4a16_sym_g128", tma(cluster=2), "cluster 1"),
+                           ("w1a16_g128", tma(), r"16\+")):
         with pytest.raises(planner.PlanError, match=why):
-            planner.geometry(spec(name), tma(), "sm_90")
+            planner.geometry(spec(name), cfg, "sm_90")
+    # decoded weights: the stored B words sit between A and B in each stage,
+    # the producer warpgroup decodes them beside one MMA warpgroup
+    g = planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(tma(), BM=64, BN=128, WN=128), "sm_90")
+    assert not g["dense"] and g["consumers"] == 1 and g["b_rowb"] == 32 and g["raw_bytes"] == 128 * 32
+    assert g["stage_bytes"] == (64 + 128) * 128 + 128 * 32 and g["regs"] is None
+    with pytest.raises(planner.PlanError, match="one MMA warpgroup"):
+        planner.geometry(spec("w4a16_sym_g128"), tma(), "sm_90")
+    # setmaxnreg can only hand out what the launch allocated (else the MMA warps hang)
+    for producer in (planner.TMA_PRODUCER_REGS, 96):
+        consumer = planner._consumer_regs(producer)
+        assert consumer % 8 == 0 and 24 <= producer < consumer <= 256
+        assert 128 * producer + 256 * consumer <= planner.TMA_BLOCK_REGS == 384 * 168
     with pytest.raises(planner.PlanError, match="sm_90a"):
         planner.geometry(spec("fp16"), tma(), "sm_80")
     with pytest.raises(planner.PlanError, match="split_k 1"):

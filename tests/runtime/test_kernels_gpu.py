@@ -213,15 +213,24 @@ TMA_SPECS = [n for n in MATMUL_SPECS
              if any(c.tma for c in planner.candidates(load_spec(shipped_specs()[n]), "sm_90", 70, 1024, 1024))]
 
 
-TMA_CASES = ([(n, 70, 264, 1152) for n in TMA_SPECS] + [(n, 300, 1032, 2080) for n in TMA_SPECS]
+def _dense(name):
+    from opgen.codegen.lower import numerics
+    return numerics(load_spec(shipped_specs()[name])).dense
+
+
+# K = 2080: a partial last k-tile of 8-bit operands; decoded weights (groups of
+# 32-128) take 2176 = 34 k-tiles of 64.
+TMA_CASES = ([(n, 70, 264, 1152) for n in TMA_SPECS]
+             + [(n, 300, 1032, 2080 if _dense(n) else 2176) for n in TMA_SPECS]
              + [("gptq_v2_w4a16_g128", 300, 1032, 2176)])
 
 
 @pytest.mark.parametrize("name,M,N,K", TMA_CASES)
 def test_tma_matches_reference(name, M, N, K, record):
     """Every tma config (tile, ring depth, cluster; for GPTQ the predecode
-    pair) at tails in M, N (not a multiple of the tile) and K (2080: a
-    partial last k-tile of 8-bit operands), which TMA fills with zeros."""
+    pair; for weights stored [N, K] that need decoding, the producer
+    warpgroup's decode) at tails in M, N (not a multiple of the tile) and K,
+    which TMA fills with zeros."""
     from opgen.runtime.device import current_arch
     spec = load_spec(shipped_specs()[name])
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.tma]

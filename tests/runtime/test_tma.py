@@ -6,8 +6,9 @@ from opgen.runtime import tma
 def test_boxes_and_cache(monkeypatch):
     calls = []
 
-    def fake_encode(ptr, rows, cols, elem_bytes, box_rows, box_cols):
+    def fake_encode(ptr, rows, cols, elem_bytes, box_rows, box_cols, swizzle=tma._SWIZZLE_128B):
         calls.append((ptr, rows, cols, elem_bytes, box_rows, box_cols))
+        assert swizzle == (tma._SWIZZLE_128B if elem_bytes == 2 else tma._SWIZZLE_NONE)
         return tma.TensorMap()
 
     monkeypatch.setattr(tma, "encode_2d", fake_encode)
@@ -22,3 +23,8 @@ def test_boxes_and_cache(monkeypatch):
     for i in range(tma.TmaMaps.LIMIT + 1):                 # bounded
         maps.a(0x10000 + 256 * i, 64, 4096)
     assert len(maps._maps) <= tma.TmaMaps.LIMIT
+    # decoded weights: the stored 4-bit words as bytes [N, K / 2], unswizzled BN x 32-byte boxes
+    calls.clear()
+    stored = tma.TmaMaps(elem_bytes=2, BM=64, BN=128, BK=64, cluster=1, stored_bits=4, stored_rowb=32)
+    stored.b(0x3000, 8192, 4096)
+    assert calls == [(0x3000, 8192, 2048, 1, 128, 32)]
