@@ -84,6 +84,19 @@ def test_default_sass_and_resources(name, M, arch):
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{stage_cfg.name}: local memory in SASS"
 
 
+def _check_tma_kernel(s, cfg, forbidden="LDL|STL"):
+    """No spills or stack; the config's instructions in the SASS and none of
+    `forbidden` (local memory; for decoded weights also cp.async)."""
+    c = compiler.compile_kernel(s, cfg, "sm_90")
+    assert c.resources["spill_bytes"] == 0 and c.resources["stack"] == 0, f"{cfg.name}: {c.resources}"
+    if compiler.find_nvdisasm() is None:
+        pytest.skip("nvdisasm not installed (extra 'sass')")
+    sass = compiler.disassemble(c.cubin)
+    for op in _sass_ops(cfg, s.a.dtype):
+        assert re.search(rf"\b{re.escape(op)}\b", sass), f"{cfg.name}: no {op} in SASS"
+    assert not re.search(rf"\b({forbidden})\b", sass), f"{cfg.name}: {forbidden} in SASS"
+
+
 @pytest.mark.parametrize("cluster", [1, 2])
 @pytest.mark.parametrize("name", ["fp16", "w8a8_int8", "fp8_e4m3_w8a8"])
 def test_tma_sass_and_resources(name, cluster):
@@ -93,15 +106,7 @@ def test_tma_sass_and_resources(name, cluster):
     s = spec(name)
     BK = 64 if s.a.dtype == "float16" else 128          # 128-byte rows
     for BM, BN, WN in ((128, 256, 256), (64, 64, 64)):
-        cfg = planner.Config("gemm", BM, BN, BK, 64, WN, 4, 1, wgmma=True, tma=True, cluster=cluster)
-        c = compiler.compile_kernel(s, cfg, "sm_90")
-        assert c.resources["spill_bytes"] == 0, f"{cfg.name}: {c.resources}"
-        if compiler.find_nvdisasm() is None:
-            pytest.skip("nvdisasm not installed (extra 'sass')")
-        sass = compiler.disassemble(c.cubin)
-        for op in _sass_ops(cfg, s.a.dtype):
-            assert re.search(rf"\b{re.escape(op)}\b", sass), f"{cfg.name}: no {op} in SASS"
-        assert not re.search(r"\b(LDL|STL)\b", sass), f"{cfg.name}: local memory in SASS"
+        _check_tma_kernel(s, planner.Config("gemm", BM, BN, BK, 64, WN, 4, 1, wgmma=True, tma=True, cluster=cluster))
 
 
 @pytest.mark.parametrize("name", ["w4a16_sym_g128", "bnb_nf4", "mxfp4", "w2a16_g128", "bitnet_b158", "fp8_e4m3_w8a16"])
@@ -115,14 +120,7 @@ def test_tma_decode_sass_and_resources(name):
             if c.tma and not c.predecode and not c.raster]
     assert cfgs and {c.BN for c in cfgs} >= {64, 128, 256}
     for cfg in cfgs:
-        c = compiler.compile_kernel(s, cfg, "sm_90")
-        assert c.resources["spill_bytes"] == 0 and c.resources["stack"] == 0, f"{cfg.name}: {c.resources}"
-        if compiler.find_nvdisasm() is None:
-            pytest.skip("nvdisasm not installed (extra 'sass')")
-        sass = compiler.disassemble(c.cubin)
-        for op in _sass_ops(cfg, s.a.dtype):
-            assert re.search(rf"\b{re.escape(op)}\b", sass), f"{cfg.name}: no {op} in SASS"
-        assert not re.search(r"\b(LDL|STL|LDGSTS)\b", sass), f"{cfg.name}: local memory or cp.async in SASS"
+        _check_tma_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
 
 
 @pytest.mark.parametrize("name", ["bnb_nf4", "mxfp4"])
