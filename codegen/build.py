@@ -33,7 +33,7 @@ ARGUMENTS = [
     ("M", "int", ""), ("N", "int", ""), ("K", "int", ""),
 ]
 # The TMA GEMM (launches whose "tma" entry is set) takes its operands as
-# tensor maps passed by value instead of a / b / ws / counters.
+# tensor maps passed by value instead of a / b.
 TMA_ARGUMENTS = [
     ("tmA", "const __grid_constant__ CUtensorMap",
      "activations [M, K]: cuTensorMapEncodeTiled, 2-D, box = tma.box_a, 128-byte swizzle, zero OOB fill"),
@@ -41,7 +41,7 @@ TMA_ARGUMENTS = [
      "weights: dense [N, K] (for predecode: the dequant launch's output), box = tma.box_b, same "
      "settings; or the stored words of decoded weights as bytes [N, K * bits / 8], box = tma.box_b, "
      "no swizzle"),
-] + [a for a in ARGUMENTS if a[0] in ("a_scale", "s", "z", "bias", "out", "M", "N", "K")]
+] + [a for a in ARGUMENTS if a[0] not in ("a", "b")]
 
 
 def _tma_launch(cfg: planner.Config, geom: dict) -> Optional[dict]:

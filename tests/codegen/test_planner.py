@@ -113,8 +113,14 @@ def test_tma_rules():
     g = planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(tma(), BM=64, BN=128, WN=128), "sm_90")
     assert not g["dense"] and g["consumers"] == 1 and g["b_rowb"] == 32 and g["raw_bytes"] == 128 * 32
     assert g["stage_bytes"] == (64 + 128) * 128 + 128 * 32 and g["regs"] is None
-    with pytest.raises(planner.PlanError, match="one MMA warpgroup"):
-        planner.geometry(spec("w4a16_sym_g128"), tma(), "sm_90")
+    g = planner.geometry(spec("w4a16_sym_g128"), tma(), "sm_90")
+    assert g["consumers"] == 2 and g["regs"] == planner.TMA_DECODE_REGS == (96, 200)
+    # split-K: decoded weights only (more blocks to decode), one block per cluster
+    assert planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(tma(), split_k=4), "sm_90")["tma"]
+    for name, cfg in (("fp16", tma()), ("w8a8_int8", tma(BK=128))):
+        cfg = dataclasses.replace(cfg, split_k=2)
+        with pytest.raises(planner.PlanError, match="split-K tma"):
+            planner.geometry(spec(name), cfg, "sm_90")
     # setmaxnreg can only hand out what the launch allocated (else the MMA warps hang)
     for producer in (planner.TMA_PRODUCER_REGS, 96):
         consumer = planner._consumer_regs(producer)
@@ -122,8 +128,8 @@ def test_tma_rules():
         assert 128 * producer + 256 * consumer <= planner.TMA_BLOCK_REGS == 384 * 168
     with pytest.raises(planner.PlanError, match="sm_90a"):
         planner.geometry(spec("fp16"), tma(), "sm_80")
-    with pytest.raises(planner.PlanError, match="split_k 1"):
-        planner.geometry(spec("fp16"), dataclasses.replace(tma(), split_k=2), "sm_90")
+    with pytest.raises(planner.PlanError, match="min_blocks 1"):
+        planner.geometry(spec("fp16"), dataclasses.replace(tma(), min_blocks=2), "sm_90")
     with pytest.raises(planner.PlanError, match="tma configs"):
         planner.geometry(spec("fp16"), planner.Config("gemm", 128, 256, 64, 64, 256, 4, 1, wgmma=True, cluster=2), "sm_90")
     # gptq reaches the tma GEMM through predecode (its dense twin)
