@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/opgen_out}; mkdir -p "$OUT"
 export OPGEN_CACHE_DIR=/tmp/opgen_cache PYTHONUNBUFFERED=1 OPGEN_GPU_SHAPES=square
 python3 -m pip install --no-deps --no-build-isolation -q -e . > /dev/null 2>&1
 K=tests/runtime/test_kernels_gpu.py
-CASES=${CASES:-"test_tma_matches_reference[w4a16_sym_g128-70-264-1152] test_tma_matches_reference[w4a16_sym_g128-300-1032-2176] test_every_candidate[70-w4a16_sym_g128]"}
+CASES=${CASES:-"test_tma_matches_reference[w4a16_sym_g128-70-264-1152] test_tma_matches_reference[w4a16_sym_g128-300-1032-2176] test_tma_matches_reference[gptq_v2_w4a16_g128-70-264-1152] test_every_candidate[70-w4a16_sym_g128]"}
 SWEEPS=${SWEEPS:-"w4a16_sym_g128:64:wgmma w4a16_sym_g128:256:tma"}
 t() { for n in "$@"; do
  s=$(date +%s); OPGEN_RESULTS="$OUT/c_${n//[^A-Za-z0-9_-]/_}.json" timeout -s INT -k 5 "${T_CASE:-70}" \

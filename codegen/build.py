@@ -39,8 +39,8 @@ TMA_ARGUMENTS = [
      "activations [M, K]: cuTensorMapEncodeTiled, 2-D, box = tma.box_a, 128-byte swizzle, zero OOB fill"),
     ("tmB", "const __grid_constant__ CUtensorMap",
      "weights: dense [N, K] (for predecode: the dequant launch's output), box = tma.box_b, same "
-     "settings; or the stored words of decoded weights as bytes [N, K * bits / 8], box = tma.box_b, "
-     "no swizzle"),
+     "settings; or the stored words of decoded weights as 4-byte elements [rows, row bytes / 4] "
+     "of their stored layout, box = tma.box_b, no swizzle"),
 ] + [a for a in ARGUMENTS if a[0] not in ("a", "b")]
 
 
@@ -50,7 +50,8 @@ def _tma_launch(cfg: planner.Config, geom: dict) -> Optional[dict]:
     2 = UINT16); cluster blocks along M are compiled in (__cluster_dims__)."""
     if not geom.get("tma"):
         return None
-    stored = {} if geom["dense"] else dict(b_elem_bytes=1, box_b=[cfg.BN, geom["b_rowb"]], b_swizzle="none")
+    stored = {} if geom["dense"] else dict(b_elem_bytes=4, box_b=[geom["b_rows"], geom["b_rowb"] // 4],
+                                            b_swizzle="none")
     return dict(dict(elem_bytes=geom["ce"], box_a=[cfg.BM, cfg.BK], box_b=[cfg.BN // cfg.cluster, cfg.BK],
                      swizzle="128B", oob_fill="zeros", cluster=[1, cfg.cluster, 1],
                      arguments=[dict(name=n, type=t, doc=d) for n, t, d in TMA_ARGUMENTS]), **stored)

@@ -236,8 +236,8 @@ def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.M
         raise PlanError("clusters and rasters are for tma configs")
     if not (a.tma and cfg.wgmma):
         raise PlanError(f"tma configs are wgmma configs on sm_90a (target {a.name})")
-    if lay.row_axis != "n" or not _k_major(lay):
-        raise PlanError("tma configs take weights stored [N, K] (packed along k)")
+    if not _k_major(lay) or (num.dense and lay.row_axis != "n"):
+        raise PlanError("tma configs take dense weights stored [N, K], or codes packed along k")
     ce = mma.a_bytes
     _check_wgmma(cfg, a, num, lay, ce)
     dt, raw = {}, 0
@@ -250,7 +250,7 @@ def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.M
         if dt["b_rowb"] % 16:
             raise PlanError(f"raw weight tile rows of {dt['b_rowb']} bytes (TMA boxes need 16+)")
         raw = -(-dt["b_rows"] * dt["b_rowb"] // 1024) * 1024
-        dt["stored_bits"] = lay.bits
+        dt["stored"] = lay          # the TMA map of the stored words (runtime/tma.py)
     if cfg.min_blocks != 1:
         raise PlanError("tma configs take min_blocks 1")
     if cfg.split_k != 1 and (num.dense or cfg.cluster != 1):
@@ -494,9 +494,9 @@ def gemv_run(cfg: Config, num: Numerics, vec: Vector, scheme: str) -> int:
 
 
 def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
-    if g.get("stored_bits"):
+    if g.get("stored"):
         # the TMA map of stored words: rows of whole 16-byte units
-        return K * g["stored_bits"] // 8 % 16 == 0
+        return g["stored"].storage(N, K)[1] % 16 == 0
     if cfg.family == "gemv":
         vec = g["vec"]
         if g["scheme"] == "row":

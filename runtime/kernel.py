@@ -65,7 +65,7 @@ class Kernel:
         self._grids = {}  # (M, N, K) -> (launch grid, dynamic shared memory)
         geo = self.geometry
         self._tma = (tma.TmaMaps(geo["ce"], gcfg.BM, gcfg.BN, gcfg.BK, gcfg.cluster,
-                                 *(() if geo["dense"] else (geo["stored_bits"], geo["b_rowb"])))
+                                 *(() if geo["dense"] else (geo["stored"], (geo["b_rows"], geo["b_rowb"]))))
                      if geo.get("tma") else None)
 
     def grid(self, M: int, N: int, K: int) -> tuple:

@@ -102,8 +102,8 @@ def test_tma_rules():
     g = planner.geometry(spec("fp16"), tma(cluster=2), "sm_90")
     assert g["tma"] and g["threads"] == 384 and g["consumers"] == 2 and g["regs"] == (40, 232)
     assert g["smem"] == 4 * (128 + 256) * 128 + 1024
-    # [K, N] words (GPTQ) have no K-major stored tile; decoded weights load their own tiles
-    for name, cfg, why in (("gptq_v2_w4a16_g128", tma(), r"stored \[N, K\]"),
+    # AWQ packs along n (no K-major decode); decoded weights load their own tiles
+    for name, cfg, why in (("awq_w4a16_g128", tma(), "packed along k"),
                            ("w4a16_sym_g128", tma(cluster=2), "cluster 1"),
                            ("w1a16_g128", tma(), r"16\+")):
         with pytest.raises(planner.PlanError, match=why):
@@ -115,6 +115,10 @@ def test_tma_rules():
     assert g["stage_bytes"] == (64 + 128) * 128 + 128 * 32 and g["regs"] is None
     g = planner.geometry(spec("w4a16_sym_g128"), tma(), "sm_90")
     assert g["consumers"] == 2 and g["regs"] == planner.TMA_DECODE_REGS == (96, 200)
+    # GPTQ's [K / 8, N] words: a raw tile of BK / 8 rows of BN words
+    g = planner.geometry(spec("gptq_v2_w4a16_g128"), tma(), "sm_90")
+    assert (g["b_rows"], g["b_rowb"], g["raw_bytes"]) == (8, 256 * 4, 8 * 1024)
+    assert g["stored"].storage(4096, 8192) == (1024, 4096 * 4)
     # split-K: decoded weights only (more blocks to decode), one block per cluster
     assert planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(tma(), split_k=4), "sm_90")["tma"]
     for name, cfg in (("fp16", tma()), ("w8a8_int8", tma(BK=128))):
