@@ -95,6 +95,14 @@ def _check_tma_kernel(s, cfg, forbidden="LDL|STL"):
     for op in _sass_ops(cfg, s.a.dtype):
         assert re.search(rf"\b{re.escape(op)}\b", sass), f"{cfg.name}: no {op} in SASS"
     assert not re.search(rf"\b({forbidden})\b", sass), f"{cfg.name}: {forbidden} in SASS"
+    # setmaxnreg: the MMA warps' allocation can only take what the producer
+    # gave back from the launch's (else they wait forever: the 96 / 208 hang)
+    alloc = re.findall(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL \w+, (0x[0-9a-f]+)", sass)
+    dealloc = re.findall(r"USETMAXREG\.DEALLOC\.CTAPOOL (0x[0-9a-f]+)", sass)
+    if alloc or dealloc:
+        (up,), (down,) = alloc, dealloc
+        consumers = c.geometry["consumers"]
+        assert 128 * int(down, 16) + 128 * consumers * int(up, 16) <= c.geometry["threads"] * c.resources["registers"]
 
 
 @pytest.mark.parametrize("cluster", [1, 2])
