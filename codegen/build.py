@@ -50,11 +50,12 @@ def _tma_launch(cfg: planner.Config, geom: dict) -> Optional[dict]:
     2 = UINT16); cluster blocks along M are compiled in (__cluster_dims__)."""
     if not geom.get("tma"):
         return None
-    stored = {} if geom["dense"] else dict(b_elem_bytes=4, box_b=[geom["b_rows"], geom["b_rowb"] // 4],
-                                            b_swizzle="none")
-    return dict(dict(elem_bytes=geom["ce"], box_a=[cfg.BM, cfg.BK], box_b=[cfg.BN // cfg.cluster, cfg.BK],
-                     swizzle="128B", oob_fill="zeros", cluster=[1, cfg.cluster, 1],
-                     arguments=[dict(name=n, type=t, doc=d) for n, t, d in TMA_ARGUMENTS]), **stored)
+    out = dict(elem_bytes=geom["ce"], box_a=[cfg.BM, cfg.BK], box_b=[cfg.BN // cfg.cluster, cfg.BK],
+               swizzle="128B", oob_fill="zeros", cluster=[1, cfg.cluster, 1],
+               arguments=[dict(name=n, type=t, doc=d) for n, t, d in TMA_ARGUMENTS])
+    if not geom["dense"]:           # the stored words: 4-byte elements, unswizzled boxes of the raw tile
+        out.update(b_elem_bytes=4, box_b=[geom["b_rows"], geom["b_rowb"] // 4], b_swizzle="none")
+    return out
 
 
 def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,

@@ -250,7 +250,7 @@ def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.M
         if dt["b_rowb"] % 16:
             raise PlanError(f"raw weight tile rows of {dt['b_rowb']} bytes (TMA boxes need 16+)")
         raw = -(-dt["b_rows"] * dt["b_rowb"] // 1024) * 1024
-        dt["stored"] = lay          # the TMA map of the stored words (runtime/tma.py)
+        dt.update(stored=lay, dec_warps=_decode_group_warps(dt))    # stored: the TMA map's layout
     if cfg.min_blocks != 1:
         raise PlanError("tma configs take min_blocks 1")
     if cfg.split_k != 1 and (num.dense or cfg.cluster != 1):
@@ -276,6 +276,19 @@ def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.M
                 target=hw.WGMMA_TARGET[a.name],
                 wgmma_types=hw.WGMMAS[num.mma].types, wgmma_tail=hw.WGMMAS[num.mma].tail,
                 regs=regs if consumers == 2 else None)
+
+
+def _decode_group_warps(dt: Dict) -> int:
+    """Warps per decoding group of the TMA GEMM's producer warpgroup (whose 4
+    warps take turns by k-tile in 4 / this groups). More groups overlap more
+    tiles, but each lane decodes its share of a tile unrolled: as few warps as
+    keep that at 8 vectors and 256 weights or fewer (16 vectors of 32 weights
+    spilled under 168 registers)."""
+    vec = dt["vec"]
+    nvec = dt["b_rows"] * (dt["b_rowb"] // vec.vbytes)
+    # a lane's load in one-warp groups, in units of those limits (rounded down)
+    load = max(nvec // (32 * 8), nvec * vec.nrows * vec.ncols // (32 * 256))
+    return 1 if load <= 1 else 2 if load <= 2 else 4
 
 
 def _decoded_tile(lay: Layout, num: Numerics, BN: int, BK: int, kmajor: bool) -> Dict:
@@ -765,7 +778,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     # mma.sync pick the heuristic then made).
     wg = [c for c in cands if c.wgmma]
     # (a predecode config's GEMM is a dense one)
-    dense = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).dense or all(c.predecode for c in cands)
+    dense = dense_op or all(c.predecode for c in cands)
     on_wgmma = bool(wg) and M > 32
     if on_wgmma:
         cands = wg

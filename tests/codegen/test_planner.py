@@ -113,6 +113,10 @@ def test_tma_rules():
     g = planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(tma(), BM=64, BN=128, WN=128), "sm_90")
     assert not g["dense"] and g["consumers"] == 1 and g["b_rowb"] == 32 and g["raw_bytes"] == 128 * 32
     assert g["stage_bytes"] == (64 + 128) * 128 + 128 * 32 and g["regs"] is None
+    # decoding groups: one warp each while a lane has <= 8 vectors / 256 weights a tile
+    assert g["dec_warps"] == 1          # 128 rows x 2 vectors of 32 weights: 8 vectors a lane
+    wide = planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(tma(), BM=64), "sm_90")
+    assert wide["dec_warps"] == 2       # 256 rows: 16 vectors a lane in one warp
     g = planner.geometry(spec("w4a16_sym_g128"), tma(), "sm_90")
     assert g["consumers"] == 2 and g["regs"] == planner.TMA_DECODE_REGS == (96, 200)
     # GPTQ's [K / 8, N] words: a raw tile of BK / 8 rows of BN words
