@@ -33,15 +33,15 @@ ARGUMENTS = [
     ("M", "int", ""), ("N", "int", ""), ("K", "int", ""),
 ]
 # The TMA GEMM (launches whose "tma" entry is set) takes its operands as
-# tensor maps passed by value instead of a / b / ws / counters.
+# tensor maps passed by value instead of a / b.
 TMA_ARGUMENTS = [
     ("tmA", "const __grid_constant__ CUtensorMap",
      "activations [M, K]: cuTensorMapEncodeTiled, 2-D, box = tma.box_a, 128-byte swizzle, zero OOB fill"),
     ("tmB", "const __grid_constant__ CUtensorMap",
      "weights: dense [N, K] (for predecode: the dequant launch's output), box = tma.box_b, same "
-     "settings; or the stored words of decoded weights as bytes [N, K * bits / 8], box = tma.box_b, "
-     "no swizzle"),
-] + [a for a in ARGUMENTS if a[0] in ("a_scale", "s", "z", "bias", "out", "M", "N", "K")]
+     "settings; or the stored words of decoded weights as 4-byte elements [rows, row bytes / 4] "
+     "of their stored layout, box = tma.box_b, no swizzle"),
+] + [a for a in ARGUMENTS if a[0] not in ("a", "b")]
 
 
 def _tma_launch(cfg: planner.Config, geom: dict) -> Optional[dict]:
@@ -53,8 +53,8 @@ def _tma_launch(cfg: planner.Config, geom: dict) -> Optional[dict]:
     out = dict(elem_bytes=geom["ce"], box_a=[cfg.BM, cfg.BK], box_b=[cfg.BN // cfg.cluster, cfg.BK],
                swizzle="128B", oob_fill="zeros", cluster=[1, cfg.cluster, 1],
                arguments=[dict(name=n, type=t, doc=d) for n, t, d in TMA_ARGUMENTS])
-    if not geom["dense"]:           # the stored words: bytes, unswizzled boxes of the raw tile
-        out.update(b_elem_bytes=1, box_b=[cfg.BN, geom["b_rowb"]], b_swizzle="none")
+    if not geom["dense"]:           # the stored words: 4-byte elements, unswizzled boxes of the raw tile
+        out.update(b_elem_bytes=4, box_b=[geom["b_rows"], geom["b_rowb"] // 4], b_swizzle="none")
     return out
 
 

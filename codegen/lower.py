@@ -47,6 +47,11 @@ class Layout:
         """Logical axis that is contiguous in memory within a storage row."""
         return self.col_axis
 
+    def storage(self, N: int, K: int) -> Tuple[int, int]:
+        """(rows, bytes per row) of the stored weight of an N x K problem."""
+        ext = {"n": N, "k": K}
+        return ext[self.row_axis] // self.row_div, ext[self.col_axis] // self.col_div * self.elem_bytes
+
 
 @dataclass(frozen=True)
 class Numerics:

@@ -223,6 +223,8 @@ def _consumer_regs(producer: int) -> int:
 
 TMA_PRODUCER_REGS = 40                                   # the producer only issues TMA
 TMA_CONSUMER_REGS = _consumer_regs(TMA_PRODUCER_REGS)    # 232
+# ... when the producer warpgroup also decodes the weights: 96 / 200.
+TMA_DECODE_REGS = (96, _consumer_regs(96))
 
 
 def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.Mma) -> Dict:
@@ -234,8 +236,8 @@ def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.M
         raise PlanError("clusters and rasters are for tma configs")
     if not (a.tma and cfg.wgmma):
         raise PlanError(f"tma configs are wgmma configs on sm_90a (target {a.name})")
-    if lay.row_axis != "n" or not _k_major(lay):
-        raise PlanError("tma configs take weights stored [N, K] (packed along k)")
+    if not _k_major(lay) or (num.dense and lay.row_axis != "n"):
+        raise PlanError("tma configs take dense weights stored [N, K], or codes packed along k")
     ce = mma.a_bytes
     _check_wgmma(cfg, a, num, lay, ce)
     dt, raw = {}, 0
@@ -248,9 +250,12 @@ def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.M
         if dt["b_rowb"] % 16:
             raise PlanError(f"raw weight tile rows of {dt['b_rowb']} bytes (TMA boxes need 16+)")
         raw = -(-dt["b_rows"] * dt["b_rowb"] // 1024) * 1024
-        dt.update(stored_bits=lay.bits, dec_warps=_decode_group_warps(dt))
-    if cfg.split_k != 1 or cfg.min_blocks != 1:
-        raise PlanError("tma configs run the whole K in one block (split_k 1, min_blocks 1)")
+        dt.update(stored=lay, dec_warps=_decode_group_warps(dt))    # stored: the TMA map's layout
+    if cfg.min_blocks != 1:
+        raise PlanError("tma configs take min_blocks 1")
+    if cfg.split_k != 1 and (num.dense or cfg.cluster != 1):
+        # Decoded weights: more blocks, so more warps decode (M = 64 has 128 tiles of 64 x 64).
+        raise PlanError("split-K tma configs are for decoded weights, cluster 1")
     if cfg.cluster not in (1, 2):
         raise PlanError("clusters of 1 or 2 blocks")
     if cfg.stages < 2:
@@ -258,11 +263,7 @@ def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.M
     consumers = (cfg.BM // 64) * (cfg.BN // cfg.WN)
     if consumers > 2:
         raise PlanError(f"{consumers} MMA warpgroups (at most 2)")
-    if not num.dense and consumers > 1:
-        # Beside a decoding producer (which needs ~96 registers) two MMA
-        # warpgroups hung on the H200 with a 96 / 208 split, over the launch
-        # allocation; 96 / _consumer_regs(96) = 200 fits, not yet run there.
-        raise PlanError("tma configs on decoded weights take one MMA warpgroup (BM 64, WN = BN)")
+    regs = (TMA_PRODUCER_REGS, TMA_CONSUMER_REGS) if num.dense else TMA_DECODE_REGS
     rowb = cfg.BK * ce                                  # 128: one swizzle atom per row
     stage = (cfg.BM + cfg.BN) * rowb + raw              # multiples of 1024 bytes
     smem = cfg.stages * stage + 1024                    # + slack to align the base
@@ -274,7 +275,7 @@ def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.M
                 grid_tiles=(cfg.BN, cfg.BM), wgmma=True, tma=True, inflight=1,
                 target=hw.WGMMA_TARGET[a.name],
                 wgmma_types=hw.WGMMAS[num.mma].types, wgmma_tail=hw.WGMMAS[num.mma].tail,
-                regs=(TMA_PRODUCER_REGS, TMA_CONSUMER_REGS) if consumers == 2 else None)
+                regs=regs if consumers == 2 else None)
 
 
 def _decode_group_warps(dt: Dict) -> int:
@@ -506,9 +507,9 @@ def gemv_run(cfg: Config, num: Numerics, vec: Vector, scheme: str) -> int:
 
 
 def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
-    if g.get("stored_bits"):
+    if g.get("stored"):
         # the TMA map of stored words: rows of whole 16-byte units
-        return K * g["stored_bits"] // 8 % 16 == 0
+        return g["stored"].storage(N, K)[1] % 16 == 0
     if cfg.family == "gemv":
         vec = g["vec"]
         if g["scheme"] == "row":
@@ -601,6 +602,11 @@ def all_configs() -> List[Config]:
                         if BM == 128 and BK == 64 and stages <= 4:
                             out.append(Config("gemm", BM, BN, BK, 64, WN, stages, 1, wgmma=True,
                                               tma=True, cluster=cl, raster=ra, predecode=True))
+                # Split-K for decoded weights (geometry refuses dense ones); at
+                # BN 256 the reduction of 128 accumulators spills.
+                if BM == 64 and BK == 64 and BN <= 128:
+                    for sk in (2, 4):
+                        out.append(Config("gemm", BM, BN, BK, 64, WN, stages, sk, wgmma=True, tma=True))
     for mmax in (1, 2, 4, 8):
         for warps in (4, 8):
             for cols in (1, 2, 4):

@@ -65,7 +65,7 @@ class Kernel:
         self._grids = {}  # (M, N, K) -> (launch grid, dynamic shared memory)
         geo = self.geometry
         self._tma = (tma.TmaMaps(geo["ce"], gcfg.BM, gcfg.BN, gcfg.BK, gcfg.cluster,
-                                 *(() if geo["dense"] else (geo["stored_bits"], geo["b_rowb"])))
+                                 *(() if geo["dense"] else (geo["stored"], (geo["b_rows"], geo["b_rowb"]))))
                      if geo.get("tma") else None)
 
     def grid(self, M: int, N: int, K: int) -> tuple:
@@ -99,13 +99,13 @@ class Kernel:
             dense = _scratch(N * K * 2, stream.ptr).data.ptr
             self.dequant.launch(dict(ptrs, out=dense), M, N, K, stream)
             ptrs = dict(ptrs, b=dense, s=0, z=0)
-        if self._tma is not None:
-            self._launch_tma(ptrs, M, N, K, grid, smem, stream)
-            return
         ws, cnt = (0, 0)
         if self.gemm_config.split_k > 1:
             w, c = self._workspace(M, N, grid, stream.ptr)
             ws, cnt = w.data.ptr, c.data.ptr
+        if self._tma is not None:
+            self._launch_tma(dict(ptrs, ws=ws, counters=cnt), M, N, K, grid, smem, stream)
+            return
         p = lambda k: np.uint64(ptrs.get(k) or 0)
         args = (p("a"), p("a_scale"), p("b"), p("s"), p("z"), p("bias"), p("out"),
                 np.uint64(ws), np.uint64(cnt), np.int32(M), np.int32(N), np.int32(K))
@@ -115,7 +115,8 @@ class Kernel:
     def _launch_tma(self, ptrs: dict, M: int, N: int, K: int, grid, smem: int, stream) -> None:
         p = lambda k: ctypes.c_uint64(ptrs.get(k) or 0)
         args = [self._tma.a(ptrs["a"], M, K), self._tma.b(ptrs["b"], N, K), p("a_scale"), p("s"),
-                p("z"), p("bias"), p("out"), ctypes.c_int32(M), ctypes.c_int32(N), ctypes.c_int32(K)]
+                p("z"), p("bias"), p("out"), p("ws"), p("counters"),
+                ctypes.c_int32(M), ctypes.c_int32(N), ctypes.c_int32(K)]
         tma.launch(self.fn, grid, self.geometry["threads"], smem, stream.ptr, args)
 
     def __call__(self, a, tensors: dict, out, a_scale=None, bias=None, stream=None):

@@ -12,7 +12,7 @@ from typing import Dict, Tuple
 
 # CUtensorMapDataType by element bytes (the GEMM only moves bits: fp16/bf16 as
 # UINT16, int8/fp8 as UINT8), and the enum values of cuda.h.
-_DTYPE = {1: 0, 2: 1}                 # CU_TENSOR_MAP_DATA_TYPE_UINT8, _UINT16
+_DTYPE = {1: 0, 2: 1, 4: 2}           # CU_TENSOR_MAP_DATA_TYPE_UINT8, _UINT16, _UINT32
 _INTERLEAVE_NONE = 0
 _SWIZZLE_NONE = 0                     # stored weight words, read back as plain rows
 _SWIZZLE_128B = 3                     # matches wgmma_desc's 128-byte swizzle
@@ -63,11 +63,12 @@ class TmaMaps:
     LIMIT = 256
 
     def __init__(self, elem_bytes: int, BM: int, BN: int, BK: int, cluster: int,
-                 stored_bits: int = 0, stored_rowb: int = 0):
-        """stored_bits / stored_rowb (decoded weights): B is the stored words,
-        [N, K * bits / 8] bytes, read unswizzled in boxes of BN x stored_rowb."""
+                 stored=None, stored_box: Tuple[int, int] = (0, 0)):
+        """stored (decoded weights: the weight's lower.Layout): B is the stored
+        words as 4-byte elements [rows, row bytes / 4] of that layout, read
+        unswizzled in boxes of stored_box = (rows, bytes)."""
         self.elem_bytes, self.BM, self.BN, self.BK, self.cluster = elem_bytes, BM, BN, BK, cluster
-        self.stored_bits, self.stored_rowb = stored_bits, stored_rowb
+        self.stored, self.stored_box = stored, stored_box
         self._maps: Dict[Tuple[int, ...], TensorMap] = {}
 
     def _get(self, ptr: int, rows: int, cols: int, elem_bytes: int, box_rows: int, box_cols: int,
@@ -84,9 +85,10 @@ class TmaMaps:
         return self._get(ptr, M, K, self.elem_bytes, self.BM, self.BK)
 
     def b(self, ptr: int, N: int, K: int) -> TensorMap:
-        if self.stored_bits:
-            return self._get(ptr, N, K * self.stored_bits // 8, 1, self.BN, self.stored_rowb,
-                             _SWIZZLE_NONE)
+        if self.stored is not None:
+            rows, rowb = self.stored.storage(N, K)
+            box_rows, box_rowb = self.stored_box
+            return self._get(ptr, rows, rowb // 4, 4, box_rows, box_rowb // 4, _SWIZZLE_NONE)
         # Each block of a cluster loads (and multicasts) its share of the rows.
         return self._get(ptr, N, K, self.elem_bytes, self.BN // self.cluster, self.BK)
 

@@ -32,6 +32,10 @@ DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 DEV void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
 
+// bar.sync id, threads: wait for `threads` threads (whole warps) of the block
+// on named barrier id (0 is __syncthreads' own; 1-15 for subsets of warps).
+DEV void bar_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory"); }
+
 // ldmatrix.sync.aligned.m8n8.x4.shared.b16: four 8x8 b16 tiles, lane i gives row address i.
 DEV void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
   uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));

@@ -102,8 +102,8 @@ def test_tma_rules():
     g = planner.geometry(spec("fp16"), tma(cluster=2), "sm_90")
     assert g["tma"] and g["threads"] == 384 and g["consumers"] == 2 and g["regs"] == (40, 232)
     assert g["smem"] == 4 * (128 + 256) * 128 + 1024
-    # [K, N] words (GPTQ) have no K-major stored tile; decoded weights load their own tiles
-    for name, cfg, why in (("gptq_v2_w4a16_g128", tma(), r"stored \[N, K\]"),
+    # AWQ packs along n (no K-major decode); decoded weights load their own tiles
+    for name, cfg, why in (("awq_w4a16_g128", tma(), "packed along k"),
                            ("w4a16_sym_g128", tma(cluster=2), "cluster 1"),
                            ("w1a16_g128", tma(), r"16\+")):
         with pytest.raises(planner.PlanError, match=why):
@@ -117,8 +117,18 @@ def test_tma_rules():
     assert g["dec_warps"] == 1          # 128 rows x 2 vectors of 32 weights: 8 vectors a lane
     wide = planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(tma(), BM=64), "sm_90")
     assert wide["dec_warps"] == 2       # 256 rows: 16 vectors a lane in one warp
-    with pytest.raises(planner.PlanError, match="one MMA warpgroup"):
-        planner.geometry(spec("w4a16_sym_g128"), tma(), "sm_90")
+    g = planner.geometry(spec("w4a16_sym_g128"), tma(), "sm_90")
+    assert g["consumers"] == 2 and g["regs"] == planner.TMA_DECODE_REGS == (96, 200)
+    # GPTQ's [K / 8, N] words: a raw tile of BK / 8 rows of BN words
+    g = planner.geometry(spec("gptq_v2_w4a16_g128"), tma(), "sm_90")
+    assert (g["b_rows"], g["b_rowb"], g["raw_bytes"]) == (8, 256 * 4, 8 * 1024)
+    assert g["stored"].storage(4096, 8192) == (1024, 4096 * 4)
+    # split-K: decoded weights only (more blocks to decode), one block per cluster
+    assert planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(tma(), split_k=4), "sm_90")["tma"]
+    for name, cfg in (("fp16", tma()), ("w8a8_int8", tma(BK=128))):
+        cfg = dataclasses.replace(cfg, split_k=2)
+        with pytest.raises(planner.PlanError, match="split-K tma"):
+            planner.geometry(spec(name), cfg, "sm_90")
     # setmaxnreg can only hand out what the launch allocated (else the MMA warps hang)
     for producer in (planner.TMA_PRODUCER_REGS, 96):
         consumer = planner._consumer_regs(producer)
@@ -126,8 +136,8 @@ def test_tma_rules():
         assert 128 * producer + 256 * consumer <= planner.TMA_BLOCK_REGS == 384 * 168
     with pytest.raises(planner.PlanError, match="sm_90a"):
         planner.geometry(spec("fp16"), tma(), "sm_80")
-    with pytest.raises(planner.PlanError, match="split_k 1"):
-        planner.geometry(spec("fp16"), dataclasses.replace(tma(), split_k=2), "sm_90")
+    with pytest.raises(planner.PlanError, match="min_blocks 1"):
+        planner.geometry(spec("fp16"), dataclasses.replace(tma(), min_blocks=2), "sm_90")
     with pytest.raises(planner.PlanError, match="tma configs"):
         planner.geometry(spec("fp16"), planner.Config("gemm", 128, 256, 64, 64, 256, 4, 1, wgmma=True, cluster=2), "sm_90")
     # gptq reaches the tma GEMM through predecode (its dense twin)

@@ -221,8 +221,7 @@ def _dense(name):
 # K = 2080: a partial last k-tile of 8-bit operands; decoded weights (groups of
 # 32-128) take 2176 = 34 k-tiles of 64.
 TMA_CASES = ([(n, 70, 264, 1152) for n in TMA_SPECS]
-             + [(n, 300, 1032, 2080 if _dense(n) else 2176) for n in TMA_SPECS]
-             + [("gptq_v2_w4a16_g128", 300, 1032, 2176)])
+             + [(n, 300, 1032, 2080 if _dense(n) else 2176) for n in TMA_SPECS])
 
 
 @pytest.mark.parametrize("name,M,N,K", TMA_CASES)

@@ -23,8 +23,13 @@ def test_boxes_and_cache(monkeypatch):
     for i in range(tma.TmaMaps.LIMIT + 1):                 # bounded
         maps.a(0x10000 + 256 * i, 64, 4096)
     assert len(maps._maps) <= tma.TmaMaps.LIMIT
-    # decoded weights: the stored 4-bit words as bytes [N, K / 2], unswizzled BN x 32-byte boxes
+    # decoded weights: the stored words as 4-byte elements of their layout,
+    # unswizzled boxes of the raw tile. w4a16_sym: bytes [N, K / 2] -> [8192, 512]
+    # words, box 128 rows x 32 bytes; GPTQ: int32 [K / 8, N], box 8 rows x BN words.
+    from opgen.codegen.lower import weight_layout
+    from opgen.codegen.validate import load_spec, shipped_specs
+    sym, gptq = (weight_layout(load_spec(shipped_specs()[n])) for n in ("w4a16_sym_g128", "gptq_v2_w4a16_g128"))
     calls.clear()
-    stored = tma.TmaMaps(elem_bytes=2, BM=64, BN=128, BK=64, cluster=1, stored_bits=4, stored_rowb=32)
-    stored.b(0x3000, 8192, 4096)
-    assert calls == [(0x3000, 8192, 2048, 1, 128, 32)]
+    tma.TmaMaps(2, 64, 128, 64, 1, stored=sym, stored_box=(128, 32)).b(0x3000, 8192, 4096)
+    tma.TmaMaps(2, 64, 128, 64, 1, stored=gptq, stored_box=(8, 512)).b(0x4000, 8192, 4096)
+    assert calls == [(0x3000, 8192, 512, 4, 128, 8), (0x4000, 512, 8192, 4, 8, 128)]
