@@ -45,8 +45,6 @@ class Config:
     tc: bool = False       # gemv (weights [N, K]): mma.sync on 16 columns per warp, M <= 16
     prefetch: bool = False  # gemv (row SIMT): two register buffers of runs, the next
                             # run's loads in flight while this one is decoded
-    l2pf: bool = False     # gemv (sm_90): each warp asks L2 for its weight bytes ahead of
-                           # its loads (cp.async.bulk.prefetch: no registers held)
     min_blocks: int = 1    # gemm: blocks per SM asked of ptxas (__launch_bounds__)
     wgmma: bool = False    # gemm: warpgroup MMA (sm_90a) instead of mma.sync; WM = 64
     predecode: bool = False  # gemm: weights decoded once into a dense [N, K] scratch tensor
@@ -66,8 +64,7 @@ class Config:
             cols = f"_c{self.cols}" if self.cols != 1 else ""
             tc = "_tc" if self.tc else ""
             pf = "_pf" if self.prefetch else ""
-            l2 = "_l2" if self.l2pf else ""
-            return f"gemv_m{self.mmax}_w{self.warps}{cols}_v{self.vbytes}_s{self.split_k}{tc}{pf}{l2}"
+            return f"gemv_m{self.mmax}_w{self.warps}{cols}_v{self.vbytes}_s{self.split_k}{tc}{pf}"
         occ = f"_o{self.min_blocks}" if self.min_blocks != 1 else ""
         wg = "_wg" if self.wgmma else ""
         pd = "_pd" if self.predecode else ""
@@ -436,30 +433,9 @@ def _gemv_geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layo
     elif _row_gemv_regs(cfg, vec, run) > GEMV_REGS:
         raise PlanError(f"~{_row_gemv_regs(cfg, vec, run)} registers of live values per thread "
                         f"(limit {GEMV_REGS})")
-    if cfg.l2pf and not a.tma:
-        raise PlanError("the L2 prefetch (cp.async.bulk.prefetch) needs sm_90")
     return dict(threads=cfg.warps * 32, scheme=scheme, vec=vec, dec=decode_plan(lay, num, pair_table),
                 smem=GEMV_SMEM_CAP if scheme == "row" else 0, run=run, num_group=num.group,
-                mac=gemv_mac(vec), mac_run=MAC_RUN, l2_ahead=_l2_ahead(cfg, scheme, run))
-
-
-# Weight bytes per warp that the L2 prefetch keeps requested ahead of the
-# warp's own loads: two steps of the widest runs. At 16 warps per SM that is
-# 17 MB over 132 SMs, a third of the L2, and 3-4x what Little's law asks of
-# HBM3e (4.6 TB/s x ~1 us), so DRAM always has work queued while the warps
-# decode.
-L2PF_WARP_BYTES = 8192
-
-
-def _l2_ahead(cfg: Config, scheme: str, run: int) -> int:
-    """How far ahead of its loads a warp's L2 prefetch runs, in whole steps:
-    bytes per weight row for the row GEMVs (a step covers 32 x run vectors of
-    each of the warp's cols rows; tc: run k-blocks of 4 vectors of 16 rows),
-    runs for the column GEMV (a run is `run` rows of 32 vectors)."""
-    if scheme == "col":
-        return max(1, -(-L2PF_WARP_BYTES // (run * 32 * cfg.vbytes)))
-    rows, step = (16, 4 * run * cfg.vbytes) if cfg.tc else (cfg.cols, 32 * run * cfg.vbytes)
-    return max(1, -(-L2PF_WARP_BYTES // rows // step)) * step
+                mac=gemv_mac(vec), mac_run=MAC_RUN)
 
 
 # The row GEMV stages its rows of activations in shared memory, [mmax, K / split_k]
@@ -592,8 +568,6 @@ SPLITS = (1, 2, 4, 8)
 # GEMV column blocks are 32 vectors wide (512-1024 columns for AWQ): narrow N
 # needs deeper split-K to fill the SMs.
 GEMV_SPLITS = (1, 2, 4, 8, 16)
-# Every GEMV with and without the L2 prefetch (sm_90 only: geometry refuses it elsewhere).
-_L2PF = (False, True)
 
 
 def all_configs() -> List[Config]:
@@ -641,17 +615,14 @@ def all_configs() -> List[Config]:
                         # prefetch: only unsplit or 2-way (split-K shortens each
                         # warp's k-range, so there is less to overlap)
                         for pf in ((False, True) if sk <= 2 else (False,)):
-                            for l2 in _L2PF:
-                                out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk,
-                                                  mmax=mmax, cols=cols, prefetch=pf, l2pf=l2))
+                            out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax,
+                                              cols=cols, prefetch=pf))
     # The tensor-core GEMV also takes 9-16 rows: two m-tiles per k-block.
     for mmax in (1, 2, 4, 8, 16):
         for warps in (4, 8):
             for vb in (16, 8, 4):
                 for sk in GEMV_SPLITS:
-                    for l2 in _L2PF:
-                        out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax,
-                                          tc=True, l2pf=l2))
+                    out.append(Config("gemv", warps=warps, vbytes=vb, split_k=sk, mmax=mmax, tc=True))
     return out
 
 

@@ -81,18 +81,6 @@ DEV uint32_t ldg4_stream(const void* p) {
   return r;
 }
 
-// cp.async.bulk.prefetch.L2.global [p], bytes (sm_90): bring [p, p + bytes)
-// into L2 with no register or shared-memory cost, so that a warp's coming
-// loads find their lines there. A hint: the range is rounded inward to whole
-// 16-byte units (the instruction's alignment rule) and may be empty.
-DEV void prefetch_l2(const void* p, long bytes) {
-#if __CUDA_ARCH__ >= 900
-  const unsigned long long a = (reinterpret_cast<unsigned long long>(p) + 15) & ~15ull;
-  const unsigned long long e = (reinterpret_cast<unsigned long long>(p) + bytes) & ~15ull;
-  if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" :: "l"(a), "r"(static_cast<uint32_t>(e - a)));
-#endif
-}
-
 // Warp-wide sum through shfl.sync.bfly.
 DEV float warp_sum(float v) {
 #pragma unroll

@@ -288,24 +288,6 @@ def test_every_column_gemv(name, M, record):
     check_all(spec, cfgs, M, N, K, record)
 
 
-@pytest.mark.parametrize("name", _gemv_specs("n") + _gemv_specs("k"))
-@pytest.mark.parametrize("M,N,K", [(1, 264, 1152), (7, 288, 20608), (12, 264, 4608)])
-def test_l2_prefetch_gemv(name, M, N, K, record):
-    """Every GEMV config with the L2 prefetch: it only hints, but its ranges
-    are computed per row / run and clipped at the slice's end, so a wrong one
-    would read outside the weights (a fault) or skip nothing at all. Long
-    rows (K = 20608: the prefetch runs ahead inside the loop, split-K slices
-    end part-way through a step) and N past the last block (288 for the
-    column GEMV's 32-vector strips)."""
-    from opgen.runtime.device import current_arch
-    spec = load_spec(shipped_specs()[name])
-    cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K)
-            if c.family == "gemv" and c.l2pf]
-    if not cfgs:
-        pytest.skip(f"no L2-prefetch GEMV for {name} at M = {M} on {current_arch()}")
-    check_all(spec, cfgs, M, N, K, record)
-
-
 PREDECODE_SPECS = [n for n in MATMUL_SPECS
                    if any(c.predecode for c in planner.candidates(load_spec(shipped_specs()[n]),
                                                                   "sm_90", 1024, 4096, 4096))]
