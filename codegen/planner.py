@@ -55,6 +55,13 @@ class Config:
                            # tile, which TMA multicasts to all of them (halves its L2 reads)
     raster: int = 0        # gemm (tma): 0 = blocks in row order; G = bands of G m-tiles,
                            # walked down before moving along n (L2 reuse between blocks)
+    rs: bool = False       # gemm (tma, 4-bit codes): operands swapped, D[n, m] = W . A^T: the
+                           # weights are wgmma's register operand, decoded by the MMA warps
+                           # straight into fragments (no shared-memory round trip), the
+                           # activations its shared-memory one (BM = the m-tile = wgmma's N)
+    kgroups: int = 1       # gemm (rs): MMA warpgroups per 64 weight rows, taking turns by k-tile
+                           # (one's decode and wgmma latency hide behind the others'), summed
+                           # in shared memory at the end
 
     @property
     def name(self) -> str:
@@ -71,8 +78,9 @@ class Config:
         tma = "_tma" if self.tma else ""
         cl = f"_x{self.cluster}" if self.cluster != 1 else ""
         ra = f"_r{self.raster}" if self.raster else ""
+        rs = (f"_rs{self.kgroups}" if self.kgroups != 1 else "_rs") if self.rs else ""
         return (f"gemm_{self.BM}x{self.BN}x{self.BK}_w{self.WM}x{self.WN}"
-                f"_p{self.stages}_s{self.split_k}{occ}{wg}{tma}{cl}{ra}{pd}")
+                f"_p{self.stages}_s{self.split_k}{occ}{wg}{tma}{cl}{ra}{rs}{pd}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -145,6 +153,8 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
         dense = geometry(dense_twin(spec), dataclasses.replace(cfg, predecode=False), arch)
         return dict(dense, predecode=True)
     ce = mma.a_bytes
+    if cfg.rs:
+        return _rs_geometry(cfg, a, num, lay)
     if cfg.tma or cfg.cluster != 1 or cfg.raster:
         return _tma_geometry(cfg, a, num, lay, mma)
     BM, BN, BK, WM, WN = cfg.BM, cfg.BN, cfg.BK, cfg.WM, cfg.WN
@@ -276,6 +286,73 @@ def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.M
                 target=hw.WGMMA_TARGET[a.name],
                 wgmma_types=hw.WGMMAS[num.mma].types, wgmma_tail=hw.WGMMAS[num.mma].tail,
                 regs=regs if consumers == 2 else None)
+
+
+# The swapped GEMM's m-tiles (wgmma N) and n-tiles (64 weight rows per MMA warpgroup).
+RS_TILES_M = (16, 32, 64, 128, 256)
+RS_TILES_N = (64, 128)
+
+
+def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
+    """The swapped GEMM (gemm_rs.cu.j2): one producer warp TMA-loads the
+    activation tile (BM x 64, the 128-byte swizzle: wgmma's B operand from
+    shared memory) and the stored words of BN weight rows (32 bytes each) into
+    a STAGES-deep ring; each MMA warpgroup owns 64 weight rows, and each lane
+    decodes exactly the codes of its own A fragments (rows g and g + 8 of its
+    warp's 16, k = 2q, 2q + 1 and 2q + 8, 2q + 9 of every k16 step) from the
+    stored words: pair q of every 32-bit word, which the interleaved pack
+    order 0, 2, 4, 6, 1, 3, 5, 7 puts at bits 4q and 16 + 4q, so one shift,
+    one lop3 with the magic number, one subtract and one scale per pair."""
+    if not (a.tma and a.wgmma and cfg.tma and cfg.wgmma):
+        raise PlanError(f"the swapped GEMM is a tma wgmma config on sm_90a (target {a.name})")
+    if num.dense or lay.bits != 4 or lay.row_axis != "n" or lay.pack_axis != "k":
+        raise PlanError("the swapped GEMM takes 4-bit codes stored [N, K], packed along k")
+    word = vector(lay, 4)
+    if [(word.dk[p.ia], word.dk[p.ib], p.shift) for p in word.pairs] != \
+            [(2 * q, 2 * q + 1, 4 * q) for q in range(4)]:
+        raise PlanError("the swapped GEMM needs the pack order 0, 2, 4, 6, 1, 3, 5, 7 "
+                        "(pair q of a word = k 2q, 2q + 1 at bits 4q, 16 + 4q)")
+    if decode_plan(lay, num).method != "magic" or num.zero_kind not in ("none", "const") \
+            or num.formula != "(q - z) * s":
+        raise PlanError("the swapped GEMM decodes (q - z) * s codes with a constant zero "
+                        "(magic-number decode)")
+    if num.group and num.group % cfg.BK:
+        raise PlanError(f"scale groups of {num.group} split a {cfg.BK}-deep k-tile")
+    if cfg.BK != 64 or cfg.WM != 64 or cfg.WN != cfg.BM or cfg.BM not in RS_TILES_M \
+            or cfg.BN not in RS_TILES_N:
+        raise PlanError(f"swapped tiles: BK 64, BM (wgmma N) in {RS_TILES_M}, BN in {RS_TILES_N}")
+    if cfg.cluster != 1 or cfg.raster or cfg.min_blocks != 1 or cfg.stages < 2:
+        raise PlanError("the swapped GEMM: no cluster or raster, min_blocks 1, 2+ stages")
+    if cfg.split_k != 1:
+        # Measured: split-K 2 took 1.8x the unsplit time at M = 64 with an
+        # identical main loop (run9/rs1_*); k-groups split k inside the block.
+        raise PlanError("the swapped GEMM splits k between k-groups, not blocks (split_k 1)")
+    if cfg.kgroups not in (1, 2, 4):
+        raise PlanError("1, 2 or 4 k-groups of MMA warpgroups")
+    consumers = cfg.BN // 64 * cfg.kgroups
+    threads = 128 * consumers + 32
+    if threads > 1024:
+        raise PlanError(f"{consumers} MMA warpgroups: {threads} threads per block")
+    # ptxas's cap under __launch_bounds__(threads, 1), and what the kernel
+    # takes (ptxas, w4a16_sym: BM 16 / 32 / 64 / 128 / 256 -> 56 / 66 / 82 /
+    # 113 / 180 registers).
+    cap = min(255, 65536 // (-(-threads // 128) * 128) // 8 * 8)
+    need = cfg.BM // 2 + 50
+    if need > cap:
+        raise PlanError(f"~{need} registers per thread > {cap} for {threads} threads")
+    a_tile, w_rowb = cfg.BM * 128, cfg.BK // 2
+    w_tile = -(-cfg.BN * w_rowb // 1024) * 1024
+    # The k-groups' partial sums meet in shared memory once the ring is drained.
+    red = (cfg.kgroups - 1) * (cfg.BN // 64) * 128 * (cfg.BM // 2) * 4
+    smem = max(cfg.stages * (a_tile + w_tile), red) + 1024
+    if smem + STATIC_SMEM_RESERVE > a.smem_per_block:
+        raise PlanError(f"{smem} bytes of shared memory > {a.smem_per_block} on sm_90")
+    mma = hw.MMAS[num.mma]
+    return dict(threads=threads, consumers=consumers, ce=2, a_bytes=2, a_decode=False,
+                dense=False, tma=True, rs=True, wgmma=True, stored=lay, b_rows=cfg.BN,
+                b_rowb=w_rowb, a_tile=a_tile, w_tile=w_tile, smem=smem,
+                grid_tiles=(cfg.BN, cfg.BM), acc_int=False, mma_ptx=mma.ptx, inflight=1,
+                target=hw.WGMMA_TARGET[a.name], wgmma_types=hw.WGMMAS[num.mma].types)
 
 
 def _decode_group_warps(dt: Dict) -> int:
@@ -607,6 +684,12 @@ def all_configs() -> List[Config]:
                 if BM == 64 and BK == 64 and BN <= 128:
                     for sk in (2, 4):
                         out.append(Config("gemm", BM, BN, BK, 64, WN, stages, sk, wgmma=True, tma=True))
+    for BM in RS_TILES_M:
+        for BN in RS_TILES_N:
+            for stages in (4, 8):
+                for kg in (1, 2, 4):
+                    out.append(Config("gemm", BM, BN, 64, 64, BM, stages, 1, wgmma=True, tma=True,
+                                      rs=True, kgroups=kg))
     for mmax in (1, 2, 4, 8):
         for warps in (4, 8):
             for cols in (1, 2, 4):
@@ -643,7 +726,7 @@ def candidates(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) ->
             # of M up to 64 rows (each m-tile re-reads all the weights).
             # (wgmma tiles are 64 rows at least: worth trying from M = 9 on.)
             tallest = max(64 if cfg.wgmma and M > 8 else 16, 2 * M)
-            if cfg.BM > tallest or cfg.BM < min(64, M // 4):
+            if cfg.BM > tallest or cfg.BM < min(64, M // 4) or (cfg.wgmma and M <= 8):
                 continue
             if cfg.cluster > 1 and M <= cfg.BM:
                 continue        # one m-tile: nobody to share the weight tile with
@@ -776,7 +859,17 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     # operands: sweep 3; decoded weights: the run3 tuning logs, where a wgmma
     # config won the M = 64 bucket in 48 of 60 records, 1.1-1.9x over the
     # mma.sync pick the heuristic then made).
-    wg = [c for c in cands if c.wgmma]
+    # The swapped GEMM (4-bit codes in the interleaved order) from M = 17,
+    # where the tensor-core GEMV stops: at 8192^2 it beat every other kernel
+    # at M = 32-256 (run9/rs2_sweep: 1.4-1.8x the cp.async wgmma GEMM). The
+    # winners' shape: 64 weight rows per block, two k-groups, 8 stages, the
+    # m-tile M rounded up (at most 128); above 128 rows one 256-row m-tile.
+    rs = [c for c in cands if c.rs]
+    if rs and M > 16:
+        bm = next((t for t in RS_TILES_M if t >= M), RS_TILES_M[-1]) if M <= 128 else RS_TILES_M[-1]
+        return min(rs, key=lambda c: (c.BM != bm, c.BN != 64, c.kgroups != (2 if bm <= 128 else 1),
+                                      -c.stages))
+    wg = [c for c in cands if c.wgmma and not c.rs]
     # (a predecode config's GEMM is a dense one)
     dense = dense_op or all(c.predecode for c in cands)
     on_wgmma = bool(wg) and M > 32

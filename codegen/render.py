@@ -73,7 +73,8 @@ def render(spec: Spec, cfg: planner.Config, arch: str) -> tuple[str, dict]:
         zero_fold=fold_zero(num, dec, zc["zero_bits"]),
         **zc,
     )
-    template = "gemm_tma.cu.j2" if g.get("tma") else TEMPLATES[cfg.family]
+    template = ("gemm_rs.cu.j2" if g.get("rs") else "gemm_tma.cu.j2" if g.get("tma")
+                else TEMPLATES[cfg.family])
     src = _env().get_template(template).render(**ctx)
     return src, g
 

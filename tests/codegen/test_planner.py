@@ -167,14 +167,50 @@ def test_heuristic_takes_tall_tiles_for_decoded_weights():
     """Decoded weights on wgmma above M = 64: 128-row tiles despite padding
     (each m-tile decodes the weights again), 256 wide once they fill most of a
     wave, as the run6 winners of the 129-256 bucket had them."""
-    for name, M, N, want in (("w4a16_sym_g128", 256, 8192, (128, 128)),
-                             ("w4a16_sym_g128", 192, 6144, (128, 128)),
+    for name, M, N, want in (("mxfp4", 256, 8192, (128, 128)),
+                             ("bnb_nf4", 192, 6144, (128, 128)),
                              ("bnb_nf4", 256, 28672, (128, 256)),
                              ("mxfp4", 256, 14336, (128, 256))):
         c = planner.heuristic(spec(name), "sm_90", M, N, 8192)
         assert c.wgmma and not c.predecode and (c.BM, c.BN) == want, c.name
     # dense operands keep the TMA rule, M <= 64 the least padding
-    assert planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 48, 6144, 6144).BM == 64
+    assert planner.heuristic(spec("gptq_v2_w4a16_g128"), "sm_90", 48, 6144, 6144).BM == 64
+
+
+def test_swapped_gemm_rules():
+    """The swapped GEMM (decoded weights as wgmma's register operand) takes
+    4-bit codes stored [N, K] whose pack order puts pair q of a word at bits
+    4q and 16 + 4q (w4a16_sym), refuses the rest with the reason, splits k
+    between k-groups only, and stays inside ptxas's register cap."""
+    c = planner.Config("gemm", 64, 64, 64, 64, 64, 8, 1, wgmma=True, tma=True, rs=True, kgroups=2)
+    g = planner.geometry(spec("w4a16_sym_g128"), c, "sm_90")
+    assert g["rs"] and g["threads"] == 2 * 128 + 32 and g["b_rowb"] == 32 and g["stored"]
+    assert c.name == "gemm_64x64x64_w64x64_p8_s1_wg_tma_rs2"
+    for name, why in (("gptq_v2_w4a16_g128", r"stored \[N, K\]"), ("bnb_nf4", "pack order"),
+                      ("w2a16_g128", "4-bit"), ("fp16", "4-bit")):
+        with pytest.raises(planner.PlanError, match=why):
+            planner.geometry(spec(name), c, "sm_90")
+    with pytest.raises(planner.PlanError, match="sm_90a"):
+        planner.geometry(spec("w4a16_sym_g128"), c, "sm_80")
+    for bad, why in ((dict(split_k=2), "split_k 1"), (dict(kgroups=3), "k-groups"),
+                     (dict(BN=128, kgroups=4), "threads per block")):
+        with pytest.raises(planner.PlanError, match=why):
+            planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(c, **bad), "sm_90")
+    cands = [c for c in planner.candidates(spec("w4a16_sym_g128"), "sm_90", 64, 8192, 8192) if c.rs]
+    assert {c.kgroups for c in cands} == {1, 2, 4} and {c.BM for c in cands} >= {16, 32, 64, 128}
+    assert not any(c.rs for n in MATMUL if n != "w4a16_sym_g128"
+                   for c in planner.candidates(spec(n), "sm_90", 64, 8192, 8192))
+
+
+def test_heuristic_takes_the_swapped_gemm_above_16_rows():
+    """w4a16_sym from M = 17 to the predecode threshold: the swapped GEMM as
+    its run9 winners had it (64 weight rows, two k-groups up to 128 rows)."""
+    s = spec("w4a16_sym_g128")
+    for M, want in ((17, (32, 2)), (64, (64, 2)), (100, (128, 2)), (256, (256, 1))):
+        c = planner.heuristic(s, "sm_90", M, 8192, 8192)
+        assert c.rs and c.BN == 64 and (c.BM, c.kgroups) == want, (M, c.name)
+    assert planner.heuristic(s, "sm_90", 16, 8192, 8192).tc
+    assert not planner.heuristic(s, "sm_80", 64, 8192, 8192).rs
 
 
 def test_config_round_trip_and_names():

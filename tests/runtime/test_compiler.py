@@ -132,6 +132,19 @@ def test_tma_decode_sass_and_resources(name):
         _check_tma_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
 
 
+def test_swapped_gemm_sass_and_resources():
+    """Every swapped-GEMM config the tuner may time: no spills or local memory,
+    TMA and HGMMA in the SASS, no cp.async, and ptxas does not serialize the
+    wgmma (C7513: fragment registers written while one is in flight)."""
+    s = spec("w4a16_sym_g128")
+    cfgs = {c.name: c for M in (16, 64, 256) for c in planner.candidates(s, "sm_90", M, 8192, 8192) if c.rs}
+    assert len(cfgs) >= 20
+    for cfg in cfgs.values():
+        _check_tma_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
+        log = compiler.compile_kernel(s, cfg, "sm_90").log
+        assert "C7513" not in log and "C7514" not in log, f"{cfg.name}: wgmma serialized"
+
+
 @pytest.mark.parametrize("name", ["bnb_nf4", "mxfp4"])
 def test_pair_table_gemv_sass(name):
     """The 4-bit codebook GEMVs look each byte of codes up in the 32-copy
