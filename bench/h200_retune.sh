@@ -25,7 +25,7 @@ if [ -n "${TUNE_SPECS:-}" ]; then
 fi
 if [ "${T_BENCH:-0}" -gt 0 ]; then
   (cd "$OUT" && timeout -s INT -k 10 "$T_BENCH" python3 -m opgen.bench --db "$DB" --shapes "$SHAPES" --out "$OUT" \
-    > "$OUT/bench_log.txt" 2>&1; echo "bench rc=$?")
+    > /tmp/opgen_bench_log.txt 2>&1; echo "bench rc=$?"; tail -3 /tmp/opgen_bench_log.txt)
   grep -A40 -i "targets" "$OUT/bench.md" | head -45
 fi
 exit 0

@@ -3,7 +3,8 @@
 # ncu reads the hardware counters). $PROFILES: entries "SPEC:CONFIG:M" at
 # N = K = 8192. Clocks are left alone (--clock-control none, METHOD.md).
 # Writes $OUT/ncu.txt: per kernel speed of light, occupancy, warp stall
-# reasons, scheduler and memory statistics.
+# reasons, scheduler and memory statistics (with $NCU_DETAILS also the stall
+# reasons' breakdown and top SASS lines).
 set -u
 OUT=${OUT:-/tmp/opgen_out}; mkdir -p "$OUT"
 export OPGEN_CACHE_DIR=${OPGEN_CACHE_DIR:-/tmp/opgen_cache} PYTHONUNBUFFERED=1
@@ -15,5 +16,12 @@ for entry in ${PROFILES:-}; do
     --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats \
     python3 bench/profile_one.py "$spec" "$cfg" --M "$m" --launches 5 >> "$OUT/ncu.txt" 2>&1 \
     || echo "!! $entry exited $?" >> "$OUT/ncu.txt"
+  # $NCU_DETAILS: a second pass for the stall reasons and their SASS lines
+  # (the sections' bodies), kept apart so an ncu without these options costs
+  # only this pass.
+  [ -z "${NCU_DETAILS:-}" ] || timeout "${T_NCU:-90}" ncu --clock-control none -k "regex:gem" --launch-skip 3 \
+    --launch-count 1 --section WarpStateStats --section SourceCounters --print-details all \
+    python3 bench/profile_one.py "$spec" "$cfg" --M "$m" --launches 5 >> "$OUT/ncu.txt" 2>&1 \
+    || echo "!! details of $entry exited $?" >> "$OUT/ncu.txt"
 done
 grep -E "^===|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|SM Frequency|Registers Per|Issued Ipc|No Eligible|Stall" "$OUT/ncu.txt" | head -120

@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     p.add_argument("--N", type=int, required=True)
     p.add_argument("--K", type=int, required=True)
     p.add_argument("--M", default="1")
-    p.add_argument("--only", choices=["gemm", "gemv", "wgmma", "tma"], help="one kernel family")
+    p.add_argument("--only", choices=["gemm", "gemv", "wgmma", "tma", "rs"], help="one kernel family")
     p.add_argument("--budget-ms", type=float, default=5.0)
     p.add_argument("--out", help="append JSON lines here")
     args = p.parse_args(argv)
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     Ms = [int(m) for m in args.M.split(",")]
     def wanted(c):
         return (args.only in (None, c.family) or (args.only == "wgmma" and c.wgmma)
-                or (args.only == "tma" and c.tma))
+                or (args.only == "tma" and c.tma) or (args.only == "rs" and c.rs))
     per_M = {M: [c for c in planner.candidates(spec, arch, M, args.N, args.K) if wanted(c)]
              for M in Ms}
     jobs = {(spec, c, arch) for cs in per_M.values() for c in cs}

@@ -227,6 +227,12 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
 TMA_BLOCK_REGS = 384 * 168
 
 
+def _launch_cap(threads: int) -> int:
+    """ptxas's register cap per thread under __launch_bounds__(threads, 1):
+    the register file over whole warpgroups (measured: 288 threads -> 168)."""
+    return min(255, 65536 // (-(-threads // 128) * 128) // 8 * 8)
+
+
 def _consumer_regs(producer: int) -> int:
     return (TMA_BLOCK_REGS - 128 * producer) // 256 // 8 * 8
 
@@ -291,13 +297,21 @@ def _tma_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, mma: hw.M
 # The swapped GEMM's m-tiles (wgmma N) and n-tiles (64 weight rows per MMA warpgroup).
 RS_TILES_M = (16, 32, 64, 128, 256)
 RS_TILES_N = (64, 128)
+RS_TILES_K = (64, 128)       # measured (run12): 256 slower than 128 at M = 16 / 64 / 128
+RS_STAGES = (4, 6, 8, 12)
+# Registers an MMA thread of the swapped GEMM takes, by (BK, BM): the most
+# ptxas gave w4a16_sym over blocks, ring depths and k-groups (tests/runtime/
+# test_compiler.py keeps these upper bounds true).
+RS_REGS = {(64, 16): 72, (64, 32): 82, (64, 64): 96, (64, 128): 125, (64, 256): 185,
+           (128, 16): 95, (128, 32): 96, (128, 64): 124, (128, 128): 146}
 
 
 def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
     """The swapped GEMM (gemm_rs.cu.j2): one producer warp TMA-loads the
-    activation tile (BM x 64, the 128-byte swizzle: wgmma's B operand from
-    shared memory) and the stored words of BN weight rows (32 bytes each) into
-    a STAGES-deep ring; each MMA warpgroup owns 64 weight rows, and each lane
+    activation tile (BK / 64 boxes of BM x 64, the 128-byte swizzle: wgmma's B
+    operand from shared memory) and the stored words of BN weight rows (BK / 2
+    bytes each) into a STAGES-deep ring; each MMA warpgroup owns 64 weight
+    rows, and each lane
     decodes exactly the codes of its own A fragments (rows g and g + 8 of its
     warp's 16, k = 2q, 2q + 1 and 2q + 8, 2q + 9 of every k16 step) from the
     stored words: pair q of every 32-bit word, which the interleaved pack
@@ -316,11 +330,15 @@ def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
             or num.formula != "(q - z) * s":
         raise PlanError("the swapped GEMM decodes (q - z) * s codes with a constant zero "
                         "(magic-number decode)")
-    if num.group and num.group % cfg.BK:
+    if num.scale_gran != "group" or \
+            {"float16": "half", "bfloat16": "__nv_bfloat16"}.get(num.scale_dtype) != num.compute_t:
+        raise PlanError("the swapped GEMM takes group scales stored as the activations' type")
+    if num.group % cfg.BK:
         raise PlanError(f"scale groups of {num.group} split a {cfg.BK}-deep k-tile")
-    if cfg.BK != 64 or cfg.WM != 64 or cfg.WN != cfg.BM or cfg.BM not in RS_TILES_M \
+    if cfg.BK not in RS_TILES_K or cfg.WM != 64 or cfg.WN != cfg.BM or cfg.BM not in RS_TILES_M \
             or cfg.BN not in RS_TILES_N:
-        raise PlanError(f"swapped tiles: BK 64, BM (wgmma N) in {RS_TILES_M}, BN in {RS_TILES_N}")
+        raise PlanError(f"swapped tiles: BK in {RS_TILES_K}, BM (wgmma N) in {RS_TILES_M}, "
+                        f"BN in {RS_TILES_N}")
     if cfg.cluster != 1 or cfg.raster or cfg.min_blocks != 1 or cfg.stages < 2:
         raise PlanError("the swapped GEMM: no cluster or raster, min_blocks 1, 2+ stages")
     if cfg.split_k != 1:
@@ -329,26 +347,33 @@ def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
         raise PlanError("the swapped GEMM splits k between k-groups, not blocks (split_k 1)")
     if cfg.kgroups not in (1, 2, 4):
         raise PlanError("1, 2 or 4 k-groups of MMA warpgroups")
-    consumers = cfg.BN // 64 * cfg.kgroups
-    threads = 128 * consumers + 32
-    if threads > 1024:
-        raise PlanError(f"{consumers} MMA warpgroups: {threads} threads per block")
-    # ptxas's cap under __launch_bounds__(threads, 1), and what the kernel
-    # takes (ptxas, w4a16_sym: BM 16 / 32 / 64 / 128 / 256 -> 56 / 66 / 82 /
-    # 113 / 180 registers).
-    cap = min(255, 65536 // (-(-threads // 128) * 128) // 8 * 8)
-    need = cfg.BM // 2 + 50
-    if need > cap:
-        raise PlanError(f"~{need} registers per thread > {cap} for {threads} threads")
-    a_tile, w_rowb = cfg.BM * 128, cfg.BK // 2
+    if cfg.stages % cfg.kgroups:
+        # Slot s must always serve the same k-group: one that ran a round
+        # ahead would read a slot's next-but-one phase as complete (the
+        # mbarrier parity aliases; p6 with 4 k-groups faulted, run12).
+        raise PlanError(f"{cfg.stages} stages do not split evenly between {cfg.kgroups} k-groups")
+    a_tile, w_rowb = cfg.BM * cfg.BK * 2, cfg.BK // 2      # (BK / 64 swizzled boxes of BM x 64)
     w_tile = -(-cfg.BN * w_rowb // 1024) * 1024
     # The k-groups' partial sums meet in shared memory once the ring is drained.
     red = (cfg.kgroups - 1) * (cfg.BN // 64) * 128 * (cfg.BM // 2) * 4
     smem = max(cfg.stages * (a_tile + w_tile), red) + 1024
     if smem + STATIC_SMEM_RESERVE > a.smem_per_block:
         raise PlanError(f"{smem} bytes of shared memory > {a.smem_per_block} on sm_90")
+    consumers = cfg.BN // 64 * cfg.kgroups
+    need = RS_REGS[cfg.BK, cfg.BM]      # (every tile that fits the shared memory)
+    threads, regs = 128 * consumers + 32, None
+    if threads > 1024:
+        raise PlanError(f"{consumers} MMA warpgroups: {threads} threads per block")
+    if need > _launch_cap(threads):
+        # A producer warpgroup instead of a warp: it hands registers back
+        # (setmaxnreg) for the MMA warpgroups to take.
+        threads = 128 * (consumers + 1)
+        up = min(256, (threads * _launch_cap(threads) - 128 * TMA_PRODUCER_REGS) // (128 * consumers) // 8 * 8)
+        if need > up:
+            raise PlanError(f"~{need} registers per thread > {up} for {consumers} MMA warpgroups")
+        regs = (TMA_PRODUCER_REGS, up)
     mma = hw.MMAS[num.mma]
-    return dict(threads=threads, consumers=consumers, ce=2, a_bytes=2, a_decode=False,
+    return dict(threads=threads, consumers=consumers, regs=regs, ce=2, a_bytes=2, a_decode=False,
                 dense=False, tma=True, rs=True, wgmma=True, stored=lay, b_rows=cfg.BN,
                 b_rowb=w_rowb, a_tile=a_tile, w_tile=w_tile, smem=smem,
                 grid_tiles=(cfg.BN, cfg.BM), acc_int=False, mma_ptx=mma.ptx, inflight=1,
@@ -686,10 +711,11 @@ def all_configs() -> List[Config]:
                         out.append(Config("gemm", BM, BN, BK, 64, WN, stages, sk, wgmma=True, tma=True))
     for BM in RS_TILES_M:
         for BN in RS_TILES_N:
-            for stages in (4, 8):
-                for kg in (1, 2, 4):
-                    out.append(Config("gemm", BM, BN, 64, 64, BM, stages, 1, wgmma=True, tma=True,
-                                      rs=True, kgroups=kg))
+            for BK in RS_TILES_K:
+                for stages in RS_STAGES:
+                    for kg in (1, 2, 4):
+                        out.append(Config("gemm", BM, BN, BK, 64, BM, stages, 1, wgmma=True, tma=True,
+                                          rs=True, kgroups=kg))
     for mmax in (1, 2, 4, 8):
         for warps in (4, 8):
             for cols in (1, 2, 4):
@@ -862,13 +888,15 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     # The swapped GEMM (4-bit codes in the interleaved order) from M = 17,
     # where the tensor-core GEMV stops: at 8192^2 it beat every other kernel
     # at M = 32-256 (run9/rs2_sweep: 1.4-1.8x the cp.async wgmma GEMM). The
-    # winners' shape: 64 weight rows per block, two k-groups, 8 stages, the
-    # m-tile M rounded up (at most 128); above 128 rows one 256-row m-tile.
+    # winners' shape (run12 sweeps): 64 weight rows per block, two k-groups,
+    # the m-tile M rounded up; up to 128 rows 128-deep k-tiles in 8 stages
+    # (6 at BM 128), above them one 256-row m-tile of 64-deep ones in 6.
     rs = [c for c in cands if c.rs]
     if rs and M > 16:
-        bm = next((t for t in RS_TILES_M if t >= M), RS_TILES_M[-1]) if M <= 128 else RS_TILES_M[-1]
-        return min(rs, key=lambda c: (c.BM != bm, c.BN != 64, c.kgroups != (2 if bm <= 128 else 1),
-                                      -c.stages))
+        bm = next(t for t in RS_TILES_M if t >= min(M, RS_TILES_M[-1]))
+        bk, stages = (64, 6) if bm > 128 else (128, 6 if bm == 128 else 8)
+        return min(rs, key=lambda c: (c.BM != bm, c.BN != 64, c.BK != bk, c.kgroups != 2,
+                                      c.stages != stages))
     wg = [c for c in cands if c.wgmma and not c.rs]
     # (a predecode config's GEMM is a dense one)
     dense = dense_op or all(c.predecode for c in cands)

@@ -82,7 +82,8 @@ class TmaMaps:
         return m
 
     def a(self, ptr: int, M: int, K: int) -> TensorMap:
-        return self._get(ptr, M, K, self.elem_bytes, self.BM, self.BK)
+        # One swizzle atom of k per box (128 bytes); deeper k-tiles take several.
+        return self._get(ptr, M, K, self.elem_bytes, self.BM, min(self.BK, 128 // self.elem_bytes))
 
     def b(self, ptr: int, N: int, K: int) -> TensorMap:
         if self.stored is not None:

@@ -74,14 +74,14 @@ def test_candidates_and_heuristic(name, M):
 @pytest.mark.parametrize("name", MATMUL)
 def test_wgmma_only_where_it_runs(name):
     """wgmma configs on sm_90 for K-major weights (all but AWQ), never on sm_80,
-    and 128-byte operand rows."""
+    and 128-byte operand rows (the swapped GEMM: k-tiles of one or two)."""
     s = spec(name)
     # (predecode configs read the dense [N, K] twin: K-major for every spec)
     wg = [c for c in planner.candidates(s, "sm_90", 256, 4096, 4096) if c.wgmma and not c.predecode]
     assert bool(wg) == (name != "awq_w4a16_g128")
     for c in wg:
         g = planner.geometry(s, c, "sm_90")
-        assert g["target"] == "sm_90a" and c.WM == 64 and c.BK * g["ce"] == 128
+        assert g["target"] == "sm_90a" and c.WM == 64 and c.BK * g["ce"] in ((128, 256) if c.rs else (128,))
     assert not any(c.wgmma for c in planner.candidates(s, "sm_80", 256, 4096, 4096))
 
 
@@ -193,7 +193,8 @@ def test_swapped_gemm_rules():
     with pytest.raises(planner.PlanError, match="sm_90a"):
         planner.geometry(spec("w4a16_sym_g128"), c, "sm_80")
     for bad, why in ((dict(split_k=2), "split_k 1"), (dict(kgroups=3), "k-groups"),
-                     (dict(BN=128, kgroups=4), "threads per block")):
+                     (dict(BN=128, kgroups=4), "threads per block"), (dict(stages=6, kgroups=4), "split evenly"),
+                     (dict(BK=32), "BK in"), (dict(BM=256, WN=256, BN=128, kgroups=2, stages=4), "registers")):
         with pytest.raises(planner.PlanError, match=why):
             planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(c, **bad), "sm_90")
     cands = [c for c in planner.candidates(spec("w4a16_sym_g128"), "sm_90", 64, 8192, 8192) if c.rs]
@@ -204,11 +205,13 @@ def test_swapped_gemm_rules():
 
 def test_heuristic_takes_the_swapped_gemm_above_16_rows():
     """w4a16_sym from M = 17 to the predecode threshold: the swapped GEMM as
-    its run9 winners had it (64 weight rows, two k-groups up to 128 rows)."""
+    its run12 winners had it (64 weight rows, two k-groups; 128-deep k-tiles
+    up to 128 rows, then a 256-row m-tile with a producer warpgroup)."""
     s = spec("w4a16_sym_g128")
-    for M, want in ((17, (32, 2)), (64, (64, 2)), (100, (128, 2)), (256, (256, 1))):
+    for M, want in ((17, (32, 128, 8)), (64, (64, 128, 8)), (100, (128, 128, 6)), (256, (256, 64, 6))):
         c = planner.heuristic(s, "sm_90", M, 8192, 8192)
-        assert c.rs and c.BN == 64 and (c.BM, c.kgroups) == want, (M, c.name)
+        assert c.rs and c.BN == 64 and c.kgroups == 2 and (c.BM, c.BK, c.stages) == want, (M, c.name)
+    assert planner.geometry(s, planner.heuristic(s, "sm_90", 256, 8192, 8192), "sm_90")["regs"] == (40, 232)
     assert planner.heuristic(s, "sm_90", 16, 8192, 8192).tc
     assert not planner.heuristic(s, "sm_80", 64, 8192, 8192).rs
 
