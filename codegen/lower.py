@@ -64,6 +64,7 @@ class Numerics:
     a_decode: bool           # activations widened (fp8 -> fp16) in shared memory
     a_row_scale: bool
     scale_dtype: Optional[str]
+    scale_native: bool            # scales stored in compute_t: loaded as they are (no conversion)
     scale_gran: Optional[str]     # group | channel | tensor | None
     scale_layout: str
     group: int                    # K elements per scale (K for channel: set at launch)
@@ -133,6 +134,7 @@ def numerics(spec: Spec, fp8_mma: bool = True) -> Numerics:
         a_decode=mma != a.dtype,
         a_row_scale=a.scale == "row",
         scale_dtype=s.dtype if s else None,
+        scale_native=bool(s) and mma in ("float16", "bfloat16") and s.dtype == mma,
         scale_gran=s.granularity if s else None,
         scale_layout=s.layout if s else "kn",
         group=s.group if (s and s.granularity == "group") else 0,

@@ -330,8 +330,7 @@ def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
             or num.formula != "(q - z) * s":
         raise PlanError("the swapped GEMM decodes (q - z) * s codes with a constant zero "
                         "(magic-number decode)")
-    if num.scale_gran != "group" or \
-            {"float16": "half", "bfloat16": "__nv_bfloat16"}.get(num.scale_dtype) != num.compute_t:
+    if num.scale_gran != "group" or not num.scale_native:
         raise PlanError("the swapped GEMM takes group scales stored as the activations' type")
     if num.group % cfg.BK:
         raise PlanError(f"scale groups of {num.group} split a {cfg.BK}-deep k-tile")
