@@ -64,7 +64,7 @@ class Numerics:
     a_decode: bool           # activations widened (fp8 -> fp16) in shared memory
     a_row_scale: bool
     scale_dtype: Optional[str]
-    scale_native: bool            # scales stored in compute_t: loaded as they are (no conversion)
+    scale_native: bool            # scales stored in compute_t (the swapped GEMM loads them as they are)
     scale_gran: Optional[str]     # group | channel | tensor | None
     scale_layout: str
     group: int                    # K elements per scale (K for channel: set at launch)
