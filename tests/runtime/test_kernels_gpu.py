@@ -243,13 +243,14 @@ RS_SPECS = [n for n in MATMUL_SPECS
 
 
 @pytest.mark.parametrize("name", RS_SPECS)
-@pytest.mark.parametrize("M,N,K", [(5, 264, 1152), (70, 264, 1152), (300, 1032, 2176)])
+@pytest.mark.parametrize("M,N,K", [(13, 264, 1152), (70, 264, 1152), (300, 1032, 2176)])
 def test_rs_matches_reference(name, M, N, K, record):
     """Every config of the swapped GEMM (weights decoded into wgmma's register
-    operand; m-tile = wgmma N, ring depth, k-groups) at tails: M inside one
-    16-row tile and past several, N past the 64 / 128 weight rows of a block
-    (rows and scales past N), K = 18 and 34 k-tiles (k-groups of unequal
-    length)."""
+    operand; m-tile = wgmma N, k-tile depth, ring depth, k-groups, the
+    setmaxnreg split) at tails: M inside one 16-row tile (the tuner takes it
+    from M = 9) and past several, N past the 64 / 128 weight rows of a block
+    (rows and scales past N), K = 18 and 34 64-deep k-tiles (9 and 17 of
+    128: k-groups of unequal length)."""
     from opgen.runtime.device import current_arch
     spec = load_spec(shipped_specs()[name])
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.rs]
