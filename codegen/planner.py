@@ -307,8 +307,9 @@ RS_REGS = {(64, 16): 72, (64, 32): 82, (64, 64): 96, (64, 128): 125, (64, 256): 
 
 
 def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
-    """The swapped GEMM (gemm_rs.cu.j2): one producer warp TMA-loads the
-    activation tile (BK / 64 boxes of BM x 64, the 128-byte swizzle: wgmma's B
+    """The swapped GEMM (gemm_rs.cu.j2): one producer warp (a warpgroup that
+    hands registers over by setmaxnreg, where the MMA threads need more than
+    the launch allows) TMA-loads the activation tile (BK / 64 boxes of BM x 64, the 128-byte swizzle: wgmma's B
     operand from shared memory) and the stored words of BN weight rows (BK / 2
     bytes each) into a STAGES-deep ring; each MMA warpgroup owns 64 weight
     rows, and each lane
@@ -369,7 +370,7 @@ def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
         threads = 128 * (consumers + 1)
         up = min(256, (threads * _launch_cap(threads) - 128 * TMA_PRODUCER_REGS) // (128 * consumers) // 8 * 8)
         if need > up:
-            raise PlanError(f"~{need} registers per thread > {up} for {consumers} MMA warpgroups")
+            raise PlanError(f"{need} registers per thread > {up} for {consumers} MMA warpgroups")
         regs = (TMA_PRODUCER_REGS, up)
     mma = hw.MMAS[num.mma]
     return dict(threads=threads, consumers=consumers, regs=regs, ce=2, a_bytes=2, a_decode=False,
