@@ -303,7 +303,7 @@ RS_STAGES = (4, 6, 8, 12)
 # ptxas gave w4a16_sym over blocks, ring depths and k-groups (tests/runtime/
 # test_compiler.py keeps these upper bounds true).
 RS_REGS = {(64, 16): 72, (64, 32): 82, (64, 64): 96, (64, 128): 125, (64, 256): 185,
-           (128, 16): 95, (128, 32): 96, (128, 64): 124, (128, 128): 146}
+           (128, 16): 95, (128, 32): 96, (128, 64): 124, (128, 128): 159}
 
 
 def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
