@@ -219,22 +219,23 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     return g
 
 
-# Registers per thread after setmaxnreg (tma GEMM with two MMA warpgroups).
-# setmaxnreg.inc only takes what the block's other warps gave back: the split
-# must fit the block's launch allocation, 384 threads x 168 (ptxas's cap
-# under __launch_bounds__(384, 1)) = 64512, or the MMA warps wait forever (a
-# 96 / 208 split, 256 registers over, hung on the H200).
-TMA_BLOCK_REGS = 384 * 168
-
-
 def _launch_cap(threads: int) -> int:
     """ptxas's register cap per thread under __launch_bounds__(threads, 1):
     the register file over whole warpgroups (measured: 288 threads -> 168)."""
     return min(255, 65536 // (-(-threads // 128) * 128) // 8 * 8)
 
 
-def _consumer_regs(producer: int) -> int:
-    return (TMA_BLOCK_REGS - 128 * producer) // 256 // 8 * 8
+# Registers per thread after setmaxnreg (a producer warpgroup beside MMA
+# warpgroups). setmaxnreg.inc only takes what the block's other warps gave
+# back: the split must fit the block's launch allocation (two MMA warpgroups:
+# 384 threads x 168 = 64512), or the MMA warps wait forever (a 96 / 208
+# split, 256 registers over, hung on the H200).
+TMA_BLOCK_REGS = 384 * _launch_cap(384)
+
+
+def _consumer_regs(producer: int, consumers: int = 2) -> int:
+    threads = 128 * (consumers + 1)
+    return min(256, (threads * _launch_cap(threads) - 128 * producer) // (128 * consumers) // 8 * 8)
 
 
 TMA_PRODUCER_REGS = 40                                   # the producer only issues TMA
@@ -309,15 +310,15 @@ RS_REGS = {(64, 16): 72, (64, 32): 82, (64, 64): 96, (64, 128): 125, (64, 256): 
 def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
     """The swapped GEMM (gemm_rs.cu.j2): one producer warp (a warpgroup that
     hands registers over by setmaxnreg, where the MMA threads need more than
-    the launch allows) TMA-loads the activation tile (BK / 64 boxes of BM x 64, the 128-byte swizzle: wgmma's B
-    operand from shared memory) and the stored words of BN weight rows (BK / 2
-    bytes each) into a STAGES-deep ring; each MMA warpgroup owns 64 weight
-    rows, and each lane
-    decodes exactly the codes of its own A fragments (rows g and g + 8 of its
-    warp's 16, k = 2q, 2q + 1 and 2q + 8, 2q + 9 of every k16 step) from the
-    stored words: pair q of every 32-bit word, which the interleaved pack
-    order 0, 2, 4, 6, 1, 3, 5, 7 puts at bits 4q and 16 + 4q, so one shift,
-    one lop3 with the magic number, one subtract and one scale per pair."""
+    the launch allows) TMA-loads the activation tile (BK / 64 boxes of
+    BM x 64, the 128-byte swizzle: wgmma's B operand from shared memory) and
+    the stored words of BN weight rows (BK / 2 bytes each) into a STAGES-deep
+    ring. Each MMA warpgroup owns 64 weight rows, and each lane decodes
+    exactly the codes of its own A fragments (rows g and g + 8 of its warp's
+    16, k = 2q, 2q + 1 and 2q + 8, 2q + 9 of every k16 step) from the stored
+    words: pair q of every 32-bit word, which the interleaved pack order
+    0, 2, 4, 6, 1, 3, 5, 7 puts at bits 4q and 16 + 4q, so one shift, one lop3
+    with the magic number, one subtract and one scale per pair."""
     if not (a.tma and a.wgmma and cfg.tma and cfg.wgmma):
         raise PlanError(f"the swapped GEMM is a tma wgmma config on sm_90a (target {a.name})")
     if num.dense or lay.bits != 4 or lay.row_axis != "n" or lay.pack_axis != "k":
@@ -368,7 +369,7 @@ def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
         # A producer warpgroup instead of a warp: it hands registers back
         # (setmaxnreg) for the MMA warpgroups to take.
         threads = 128 * (consumers + 1)
-        up = min(256, (threads * _launch_cap(threads) - 128 * TMA_PRODUCER_REGS) // (128 * consumers) // 8 * 8)
+        up = _consumer_regs(TMA_PRODUCER_REGS, consumers)
         if need > up:
             raise PlanError(f"{need} registers per thread > {up} for {consumers} MMA warpgroups")
         regs = (TMA_PRODUCER_REGS, up)
