@@ -50,7 +50,7 @@ def _tma_launch(cfg: planner.Config, geom: dict) -> Optional[dict]:
     2 = UINT16); cluster blocks along M are compiled in (__cluster_dims__)."""
     if not geom.get("tma"):
         return None
-    out = dict(elem_bytes=geom["ce"], box_a=[cfg.BM, cfg.BK], box_b=[cfg.BN // cfg.cluster, cfg.BK],
+    out = dict(elem_bytes=geom["ce"], box_a=list(planner.tma_box_a(cfg, geom["ce"])), box_b=[cfg.BN // cfg.cluster, cfg.BK],
                swizzle="128B", oob_fill="zeros", cluster=[1, cfg.cluster, 1],
                arguments=[dict(name=n, type=t, doc=d) for n, t, d in TMA_ARGUMENTS])
     if not geom["dense"]:           # the stored words: 4-byte elements, unswizzled boxes of the raw tile

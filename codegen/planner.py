@@ -219,6 +219,12 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     return g
 
 
+def tma_box_a(cfg: Config, ce: int) -> Tuple[int, int]:
+    """The activations' TMA box (rows, elements of k): one 128-byte swizzle
+    atom of k per box; a deeper k-tile (the swapped GEMM's 128) takes several."""
+    return cfg.BM, min(cfg.BK, 128 // ce)
+
+
 def _launch_cap(threads: int) -> int:
     """ptxas's register cap per thread under __launch_bounds__(threads, 1):
     the register file over whole warpgroups (measured: 288 threads -> 168)."""

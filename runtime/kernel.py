@@ -64,7 +64,7 @@ class Kernel:
         self._ws = {}     # (device, stream) -> (workspace, counters)
         self._grids = {}  # (M, N, K) -> (launch grid, dynamic shared memory)
         geo = self.geometry
-        self._tma = (tma.TmaMaps(geo["ce"], gcfg.BM, gcfg.BN, gcfg.BK, gcfg.cluster,
+        self._tma = (tma.TmaMaps(geo["ce"], planner.tma_box_a(gcfg, geo["ce"]), gcfg.BN, gcfg.BK, gcfg.cluster,
                                  *(() if geo["dense"] else (geo["stored"], (geo["b_rows"], geo["b_rowb"]))))
                      if geo.get("tma") else None)
 

@@ -62,12 +62,13 @@ class TmaMaps:
 
     LIMIT = 256
 
-    def __init__(self, elem_bytes: int, BM: int, BN: int, BK: int, cluster: int,
+    def __init__(self, elem_bytes: int, box_a: Tuple[int, int], BN: int, BK: int, cluster: int,
                  stored=None, stored_box: Tuple[int, int] = (0, 0)):
-        """stored (decoded weights: the weight's lower.Layout): B is the stored
-        words as 4-byte elements [rows, row bytes / 4] of that layout, read
-        unswizzled in boxes of stored_box = (rows, bytes)."""
-        self.elem_bytes, self.BM, self.BN, self.BK, self.cluster = elem_bytes, BM, BN, BK, cluster
+        """box_a: the activations' box (planner.tma_box_a). stored (decoded
+        weights: the weight's lower.Layout): B is the stored words as 4-byte
+        elements [rows, row bytes / 4] of that layout, read unswizzled in
+        boxes of stored_box = (rows, bytes)."""
+        self.elem_bytes, self.box_a, self.BN, self.BK, self.cluster = elem_bytes, box_a, BN, BK, cluster
         self.stored, self.stored_box = stored, stored_box
         self._maps: Dict[Tuple[int, ...], TensorMap] = {}
 
@@ -82,8 +83,7 @@ class TmaMaps:
         return m
 
     def a(self, ptr: int, M: int, K: int) -> TensorMap:
-        # One swizzle atom of k per box (128 bytes); deeper k-tiles take several.
-        return self._get(ptr, M, K, self.elem_bytes, self.BM, min(self.BK, 128 // self.elem_bytes))
+        return self._get(ptr, M, K, self.elem_bytes, *self.box_a)
 
     def b(self, ptr: int, N: int, K: int) -> TensorMap:
         if self.stored is not None:

@@ -12,7 +12,7 @@ def test_boxes_and_cache(monkeypatch):
         return tma.TensorMap()
 
     monkeypatch.setattr(tma, "encode_2d", fake_encode)
-    maps = tma.TmaMaps(elem_bytes=2, BM=128, BN=256, BK=64, cluster=2)
+    maps = tma.TmaMaps(elem_bytes=2, box_a=(128, 64), BN=256, BK=64, cluster=2)
     a = maps.a(0x1000, 300, 4096)
     assert maps.a(0x1000, 300, 4096) is a                  # cached per buffer and shape
     maps.b(0x2000, 8192, 4096)
@@ -30,6 +30,6 @@ def test_boxes_and_cache(monkeypatch):
     from opgen.codegen.validate import load_spec, shipped_specs
     sym, gptq = (weight_layout(load_spec(shipped_specs()[n])) for n in ("w4a16_sym_g128", "gptq_v2_w4a16_g128"))
     calls.clear()
-    tma.TmaMaps(2, 64, 128, 64, 1, stored=sym, stored_box=(128, 32)).b(0x3000, 8192, 4096)
-    tma.TmaMaps(2, 64, 128, 64, 1, stored=gptq, stored_box=(8, 512)).b(0x4000, 8192, 4096)
+    tma.TmaMaps(2, (64, 64), 128, 64, 1, stored=sym, stored_box=(128, 32)).b(0x3000, 8192, 4096)
+    tma.TmaMaps(2, (64, 64), 128, 64, 1, stored=gptq, stored_box=(8, 512)).b(0x4000, 8192, 4096)
     assert calls == [(0x3000, 8192, 512, 4, 128, 8), (0x4000, 512, 8192, 4, 8, 128)]
