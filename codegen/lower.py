@@ -357,15 +357,35 @@ def magic_split(dec: "Decode", shift: int, f16: bool) -> Tuple[int, int]:
     return shift - u, u
 
 
+def _zero_codes(num: Numerics, zero_bits: int) -> Tuple[int, int]:
+    """The least and the greatest integer zero code."""
+    if (num.zero_dtype or "").startswith("int"):
+        return -(1 << (zero_bits - 1)), (1 << (zero_bits - 1)) - 1
+    return 0, (1 << zero_bits) - 1
+
+
 def fold_zero(num: Numerics, dec: "Decode", zero_bits: int) -> bool:
     """Integer zero points can join the magic-number constant (one HFMA2 for
     code - magic - z) when magic/2^u + bias + z stays an exactly representable
     integer for every zero code: |x| <= 2048 (fp16) or 256 (bf16)."""
     if dec.method != "magic" or num.zero_kind != "int" or num.formula != "(q - z) * s":
         return False
-    signed = (num.zero_dtype or "").startswith("int")
-    lo = -(1 << (zero_bits - 1)) if signed else 0
-    hi = (1 << (zero_bits - 1)) - 1 if signed else (1 << zero_bits) - 1
-    bias = dec.sub_value - dec.magic_base
     limit = 2048 if num.compute_t == "half" else 256
-    return all(abs(dec.magic_base + bias + num.zero_offset + z) <= limit for z in (lo, hi))
+    return all(abs(dec.sub_value + num.zero_offset + z) <= limit for z in _zero_codes(num, zero_bits))
+
+
+def zero_sub_bits(num: Numerics, dec: "Decode", zero_bits: int) -> Optional[int]:
+    """The bits of magic + bias + offset, when adding a zero code z to them
+    gives the bits of magic + bias + offset + z for every code (all of them
+    in the binade where the compute type steps by 1: fp16 [1024, 2048), bf16
+    [128, 256)): the swapped GEMM's per-row subtract is then an integer add
+    and a multiply by 0x10001 (the value in both halves). None otherwise."""
+    if not fold_zero(num, dec, zero_bits):
+        return None
+    half = num.compute_t == "half"
+    lo, hi = _zero_codes(num, zero_bits)
+    base = dec.sub_value + num.zero_offset
+    bottom, top = (1024, 2048) if half else (128, 256)
+    if not (bottom <= base + lo and base + hi < top):
+        return None
+    return _f16_bits(base) if half else _bf16_bits(base)

@@ -14,9 +14,9 @@ from typing import Dict, List, Optional, Tuple
 
 from . import hw
 from .lower import (MAC_RUN, Layout, Numerics, Vector, decode_plan, gemv_mac, numerics,
-                    pair_table_ok, vector, weight_layout)
+                    pair_table_ok, vector, weight_layout, zero_sub_bits)
 from .errors import UserError
-from .spec import Shape, Spec, Weight
+from .spec import WEIGHT_CODES, Shape, Spec, Weight
 
 # Alignment rules every kernel relies on (documented in docs/spec.md).
 K_ALIGN = 32     # K % 32 == 0: 16-byte rows for every packed format
@@ -311,6 +311,12 @@ RS_STAGES = (4, 6, 8, 12)
 # test_compiler.py keeps these upper bounds true).
 RS_REGS = {(64, 16): 72, (64, 32): 82, (64, 64): 96, (64, 128): 125, (64, 256): 185,
            (128, 16): 95, (128, 32): 96, (128, 64): 124, (128, 128): 159}
+# ... with integer zero points (the GPTQ *_repacked specs: two more items in
+# flight per row, their addresses): the most ptxas took under the caps of
+# one and two MMA warpgroups. Four 128-deep ones no longer fit (a few fit
+# 96 without spilling, others spilled there).
+RS_REGS_INT_ZERO = {(64, 16): 91, (64, 32): 93, (64, 64): 107, (64, 128): 140, (64, 256): 205,
+                    (128, 16): 117, (128, 32): 127, (128, 64): 128, (128, 128): 167}
 
 
 def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
@@ -324,7 +330,8 @@ def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
     16, k = 2q, 2q + 1 and 2q + 8, 2q + 9 of every k16 step) from the stored
     words: pair q of every 32-bit word, which the interleaved pack order
     0, 2, 4, 6, 1, 3, 5, 7 puts at bits 4q and 16 + 4q, so one shift, one lop3
-    with the magic number, one subtract and one scale per pair."""
+    with the magic number, one subtract (of the magic number, with integer
+    zero points its row's zero too) and one scale per pair."""
     if not (a.tma and a.wgmma and cfg.tma and cfg.wgmma):
         raise PlanError(f"the swapped GEMM is a tma wgmma config on sm_90a (target {a.name})")
     if num.dense or lay.bits != 4 or lay.row_axis != "n" or lay.pack_axis != "k":
@@ -334,10 +341,13 @@ def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
             [(2 * q, 2 * q + 1, 4 * q) for q in range(4)]:
         raise PlanError("the swapped GEMM needs the pack order 0, 2, 4, 6, 1, 3, 5, 7 "
                         "(pair q of a word = k 2q, 2q + 1 at bits 4q, 16 + 4q)")
-    if decode_plan(lay, num).method != "magic" or num.zero_kind not in ("none", "const") \
-            or num.formula != "(q - z) * s":
-        raise PlanError("the swapped GEMM decodes (q - z) * s codes with a constant zero "
-                        "(magic-number decode)")
+    dec = decode_plan(lay, num)
+    int_zero = num.zero_kind == "int" and \
+        zero_sub_bits(num, dec, WEIGHT_CODES[num.zero_dtype].bits) is not None
+    if dec.method != "magic" or num.formula != "(q - z) * s" \
+            or not (num.zero_kind in ("none", "const") or int_zero):
+        raise PlanError("the swapped GEMM decodes (q - z) * s codes by the magic number, the zero "
+                        "point a constant or an integer that joins the subtract as an integer add")
     if num.scale_gran != "group" or not num.scale_native:
         raise PlanError("the swapped GEMM takes group scales stored as the activations' type")
     if num.group % cfg.BK:
@@ -367,7 +377,7 @@ def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
     if smem + STATIC_SMEM_RESERVE > a.smem_per_block:
         raise PlanError(f"{smem} bytes of shared memory > {a.smem_per_block} on sm_90")
     consumers = cfg.BN // 64 * cfg.kgroups
-    need = RS_REGS[cfg.BK, cfg.BM]      # (every tile that fits the shared memory)
+    need = (RS_REGS_INT_ZERO if int_zero else RS_REGS)[cfg.BK, cfg.BM]   # (every tile that fits)
     threads, regs = 128 * consumers + 32, None
     if threads > 1024:
         raise PlanError(f"{consumers} MMA warpgroups: {threads} threads per block")
@@ -660,14 +670,20 @@ PREDECODE_MIN_M = 256
 # predecode wins from M = 256 (run4: gptq_v2 122 vs 138 us, w1a16 115 vs
 # 128); for the others (w4a16_sym, w2a16, bitnet, NF4, MXFP4, fp8 weights)
 # the fused GEMM still wins at 256 and predecode from 512 (run4, M = 1024:
-# 1.2-1.5x over the fused pick for every format).
-PREDECODE_M = {"no_fused_wgmma": PREDECODE_MIN_M, "zero_points": PREDECODE_MIN_M, "other": 512}
+# 1.2-1.5x over the fused pick for every format). The swapped GEMM (4-bit
+# codes in the interleaved order) beat predecode at M = 1024 at all five
+# bench shapes and at M = 4096 at the two smallest (run14 tuning log,
+# gptq_v2_w4a16_g128_repacked: 195 vs 249 us at 8192^2, M = 1024).
+PREDECODE_M = {"no_fused_wgmma": PREDECODE_MIN_M, "zero_points": PREDECODE_MIN_M, "other": 512,
+               "swapped_gemm": 2048}
 
 
 def predecode_from(spec: Spec, cands: List[Config]) -> int:
     """The M from which the heuristic picks a predecode config (PREDECODE_M)."""
     if not any(c.wgmma and not c.predecode for c in cands):
         return PREDECODE_M["no_fused_wgmma"]
+    if any(c.rs for c in cands):
+        return PREDECODE_M["swapped_gemm"]
     if numerics(spec).zero_kind in ("int", "float"):
         return PREDECODE_M["zero_points"]
     return PREDECODE_M["other"]
@@ -897,12 +913,15 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: int = 132) -> 
     # at M = 32-256 (run9/rs2_sweep: 1.4-1.8x the cp.async wgmma GEMM). The
     # winners' shape (run12 sweeps): 64 weight rows per block, two k-groups,
     # the m-tile M rounded up; up to 128 rows 128-deep k-tiles in 8 stages
-    # (6 at BM 128), above them one 256-row m-tile of 64-deep ones in 6.
+    # (6 at BM 128), above them one 256-row m-tile of 64-deep ones in 6;
+    # past M = 256, 128 weight rows of one k-group in 4 (run14 tuning log:
+    # the M = 1024 winner at four of the five shapes).
     rs = [c for c in cands if c.rs]
     if rs and M > 16:
         bm = next(t for t in RS_TILES_M if t >= min(M, RS_TILES_M[-1]))
-        bk, stages = (64, 6) if bm > 128 else (128, 6 if bm == 128 else 8)
-        return min(rs, key=lambda c: (c.BM != bm, c.BN != 64, c.BK != bk, c.kgroups != 2,
+        bn, bk, kgroups, stages = ((128, 64, 1, 4) if M > 256 else (64, 64, 2, 6) if bm > 128
+                                   else (64, 128, 2, 6 if bm == 128 else 8))
+        return min(rs, key=lambda c: (c.BM != bm, c.BN != bn, c.BK != bk, c.kgroups != kgroups,
                                       c.stages != stages))
     wg = [c for c in cands if c.wgmma and not c.rs]
     # (a predecode config's GEMM is a dense one)

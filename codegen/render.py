@@ -7,7 +7,7 @@ from importlib import resources
 import jinja2
 
 from . import hw, planner
-from .lower import decode_plan, fold_zero, magic_split, numerics, weight_layout
+from .lower import decode_plan, fold_zero, magic_split, numerics, weight_layout, zero_sub_bits
 from .spec import WEIGHT_CODES, Spec
 
 TEMPLATES = {"gemm": "gemm.cu.j2", "gemv": "gemv.cu.j2", "dequant": "dequant.cu.j2",
@@ -71,6 +71,7 @@ def render(spec: Spec, cfg: planner.Config, arch: str) -> tuple[str, dict]:
         epi_wscale=num.dense and num.scale_gran is not None,
         magic_pair=functools.partial(_magic_pair, dec, num.compute_t == "half"),
         zero_fold=fold_zero(num, dec, zc["zero_bits"]),
+        zero_sub=zero_sub_bits(num, dec, zc["zero_bits"]),
         **zc,
     )
     template = ("gemm_rs.cu.j2" if g.get("rs") else "gemm_tma.cu.j2" if g.get("tma")

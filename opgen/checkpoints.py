@@ -7,8 +7,10 @@ np.uint16 bits, as everywhere in opgen) and returns a dict with "qweight",
 one) in the exact storage of the corresponding shipped spec, ready for
 `opgen.load(spec, N, K)` or `reference.dequantize(spec, tensors, N, K)`.
 
-GPTQ and AWQ are stored the way the shipped specs describe them, so loading
-them is validation plus passthrough. bitsandbytes NF4 is a reshape of the
+AWQ is stored the way its shipped spec describes it, so loading it is
+validation plus passthrough; GPTQ's qweight is repacked (words transposed to
+[N, K/8], fields reordered) for the faster kernels of the *_repacked specs,
+unless spec= names the as-stored gptq_v{1,2}_w4a16_g128. bitsandbytes NF4 is a reshape of the
 flat storage. HF BitNet packs along the wrong axis for the kernels, so it is
 repacked here, once, at load.
 
@@ -18,6 +20,7 @@ for the tensor, e.g.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from typing import Dict, Mapping, Optional, Tuple, Union
@@ -33,9 +36,11 @@ __all__ = ["FORMATS", "shipped_spec", "resolve_spec", "expected_tensors", "valid
            "from_gptq", "from_awq", "from_bnb_nf4", "from_bitnet_hf", "convert", "sub_state"]
 
 # checkpoint format -> the shipped spec whose storage it converts to
+# (GPTQ's qweight is repacked by default: the repacked specs' kernels ran
+# 1.04x the as-stored ones at M = 1 and 2-2.5x at M = 16-256, run15.)
 FORMATS = {
-    "gptq_v1": "gptq_v1_w4a16_g128",
-    "gptq_v2": "gptq_v2_w4a16_g128",
+    "gptq_v1": "gptq_v1_w4a16_g128_repacked",
+    "gptq_v2": "gptq_v2_w4a16_g128_repacked",
     "awq": "awq_w4a16_g128",
     "bnb_nf4": "bnb_nf4",
     "bitnet_hf": "bitnet_b158",
@@ -221,21 +226,51 @@ def _check_g_idx(g_idx, K: int, group: int) -> None:
         f"Re-quantize with desc_act=False (or static_groups=True)")
 
 
+def _repack_k_words(words: np.ndarray, src: Spec, dst: Spec) -> np.ndarray:
+    """qweight of `src` -> that of `dst`, both eight 4-bit codes per int32
+    along k: a transpose of the words where the layouts differ and a
+    permutation of the fields, on the words themselves (a few copies of the
+    qweight in memory, where unpacking every code took 8 bytes per code)."""
+    u = words.view(np.uint32)
+    if src.b.layout != dst.b.layout:
+        u = np.ascontiguousarray(u.T)
+    out = np.zeros(u.shape, np.uint32)
+    src_field = {e: f for f, e in enumerate(src.b.pack.order)}
+    for f, e in enumerate(dst.b.pack.order):
+        out |= ((u >> np.uint32(4 * src_field[e])) & np.uint32(0xF)) << np.uint32(4 * f)
+    return out.view(np.int32)
+
+
 def from_gptq(state: Mapping, version: int, N: int, K: int, group: int = 128,
               spec: Union[Spec, str, None] = None) -> Dict[str, np.ndarray]:
     """GPTQ (AutoGPTQ / GPTQModel) 4-bit layer: qweight int32 [K/8, N],
     qzeros int32 [K/G, N/8] (format v1 stores z - 1, v2 stores z), scales
     float16 [K/G, N], optional g_idx [K] (must be k // G) and bias [N].
-    The shipped gptq_v{1,2}_w4a16_g128 specs store exactly this."""
+    The shipped gptq_v{1,2}_w4a16_g128 specs store exactly this; by default
+    (FORMATS) qweight is repacked here, once, for gptq_v{1,2}_w4a16_g128_repacked
+    ([N, K/8], the order of the swapped GEMM). Any spec that packs the codes
+    eight per int32 along k and stores GPTQ's scales and zeros will do."""
     if version not in (1, 2):
         raise ValueError(f"version: GPTQ checkpoint format {version!r}, expected 1 or 2")
     spec = resolve_spec(spec or FORMATS[f"gptq_v{version}"])
+    gptq = shipped_spec(f"gptq_v{version}_w4a16_g128")          # the checkpoint's storage
+    stored = dataclasses.replace(spec, b=dataclasses.replace(spec.b, layout=gptq.b.layout,
+                                                             pack=gptq.b.pack))
+    w = spec.b
+    if (w.dtype, w.pack and (w.pack.container, w.pack.axis), w.zero, w.scale.dtype, w.scale.layout) != \
+            (gptq.b.dtype, ("int32", "k"), gptq.b.zero, gptq.b.scale.dtype, gptq.b.scale.layout):
+        raise ValueError(f"spec: {spec.name} does not store GPTQ v{version}'s codes, scales and "
+                         f"zeros (uint4 eight per int32 along k; float16 scales [K/G, N]; "
+                         f"qzeros as {gptq.name})")
     _check_group(spec, group, "group")
     t = {"qweight": _arr(state, "qweight"), "scales": _arr(state, "scales"),
          "zeros": _arr(state, "qzeros"), "bias": _arr(state, "bias")}
-    validate_tensors(spec, t, N, K, names={"zeros": "qzeros"})
+    validate_tensors(stored, t, N, K, names={"zeros": "qzeros"})
     _check_g_idx(state.get("g_idx"), K, group)
-    out = {"qweight": _as_int32(t["qweight"]), "scales": np.ascontiguousarray(t["scales"]),
+    qweight = _as_int32(t["qweight"])
+    if stored != spec:
+        qweight = _repack_k_words(qweight, stored, spec)
+    out = {"qweight": qweight, "scales": np.ascontiguousarray(t["scales"]),
            "zeros": _as_int32(t["zeros"])}
     return _with_bias(out, state)
 

@@ -17,7 +17,8 @@ DEFAULT_MS: Tuple[int, ...] = (1, 16, 32, 64, 128, 256, 1024, 4096)
 QUICK_SHAPES: Tuple[Tuple[int, int], ...] = ((8192, 8192),)
 QUICK_MS: Tuple[int, ...] = (1, 16, 64, 256, 4096)
 QUICK_SPECS: Tuple[str, ...] = (
-    "gptq_v2_w4a16_g128", "w4a16_sym_g128", "w2a16_g128", "w1a16_g128", "bitnet_b158",
+    "gptq_v2_w4a16_g128", "gptq_v2_w4a16_g128_repacked", "w4a16_sym_g128", "w2a16_g128",
+    "w1a16_g128", "bitnet_b158",
     "bnb_nf4", "mxfp4", "w8a8_int8", "fp8_e4m3_w8a8")
 DEFAULT_OUT = os.path.join("bench", "results", "h200")
 DEFAULT_BUDGET_MS = 20.0       # device time per measurement (the tuner uses 30)

@@ -8,7 +8,8 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 from opgen.bench.roofline import _r
 
 TARGET_SHAPE = (8192, 8192)
-W4_SPECS = ("gptq_v2_w4a16_g128", "w4a16_sym_g128")
+# (GPTQ as the checkpoint stores it, and repacked once at load for the swapped GEMM.)
+W4_SPECS = ("gptq_v2_w4a16_g128", "gptq_v2_w4a16_g128_repacked", "w4a16_sym_g128")
 
 
 @dataclass(frozen=True)

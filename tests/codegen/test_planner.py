@@ -199,14 +199,28 @@ def test_swapped_gemm_rules():
             planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(c, **bad), "sm_90")
     cands = [c for c in planner.candidates(spec("w4a16_sym_g128"), "sm_90", 64, 8192, 8192) if c.rs]
     assert {c.kgroups for c in cands} == {1, 2, 4} and {c.BM for c in cands} >= {16, 32, 64, 128}
-    assert not any(c.rs for n in MATMUL if n != "w4a16_sym_g128"
+    rs_specs = ("w4a16_sym_g128", "gptq_v1_w4a16_g128_repacked", "gptq_v2_w4a16_g128_repacked")
+    assert not any(c.rs for n in MATMUL if n not in rs_specs
                    for c in planner.candidates(spec(n), "sm_90", 64, 8192, 8192))
+    # integer zero points: the subtract of 1024 + z must stay an integer add
+    # on the fp16 bits (unsigned 4-bit codes: 1024 .. 1039), signed ones
+    # (1016 .. 1031) cross a binade
+    gq = spec("gptq_v2_w4a16_g128_repacked")
+    g = planner.geometry(gq, c, "sm_90")
+    assert g["rs"] and g["regs"] is None
+    signed = dataclasses.replace(gq, b=dataclasses.replace(gq.b, zero=dataclasses.replace(gq.b.zero, dtype="int4")))
+    with pytest.raises(planner.PlanError, match="integer add"):
+        planner.geometry(signed, c, "sm_90")
+    # its own register table: four 128-deep k-groups do not fit
+    with pytest.raises(planner.PlanError, match="registers"):
+        planner.geometry(gq, dataclasses.replace(c, BM=32, WN=32, BK=128, kgroups=4), "sm_90")
 
 
 def test_heuristic_takes_the_swapped_gemm_above_16_rows():
     """w4a16_sym from M = 17 to the predecode threshold: the swapped GEMM as
     its run12 winners had it (64 weight rows, two k-groups; 128-deep k-tiles
-    up to 128 rows, then a 256-row m-tile with a producer warpgroup)."""
+    up to 128 rows, then a 256-row m-tile with a producer warpgroup), and
+    past 256 rows as run14's."""
     s = spec("w4a16_sym_g128")
     for M, want in ((17, (32, 128, 8)), (64, (64, 128, 8)), (100, (128, 128, 6)), (256, (256, 64, 6))):
         c = planner.heuristic(s, "sm_90", M, 8192, 8192)
@@ -214,6 +228,10 @@ def test_heuristic_takes_the_swapped_gemm_above_16_rows():
     assert planner.geometry(s, planner.heuristic(s, "sm_90", 256, 8192, 8192), "sm_90")["regs"] == (40, 232)
     assert planner.heuristic(s, "sm_90", 16, 8192, 8192).tc
     assert not planner.heuristic(s, "sm_80", 64, 8192, 8192).rs
+    # past 256 rows (run14): 128 weight rows, one k-group, until predecode
+    c = planner.heuristic(s, "sm_90", 1024, 8192, 8192)
+    assert c.rs and (c.BM, c.BN, c.BK, c.kgroups, c.stages) == (256, 128, 64, 1, 4), c.name
+    assert planner.heuristic(s, "sm_90", 2048, 8192, 8192).predecode
 
 
 def test_config_round_trip_and_names():
@@ -323,10 +341,11 @@ def test_predecode_stages(name):
 
 
 @pytest.mark.parametrize("name,start", [("awq_w4a16_g128", 256), ("gptq_v2_w4a16_g128", 256),
-                                        ("w1a16_g128", 256), ("w4a16_sym_g128", 512),
-                                        ("bnb_nf4", 512)])
+                                        ("w1a16_g128", 256), ("bnb_nf4", 512),
+                                        ("w4a16_sym_g128", 2048), ("gptq_v2_w4a16_g128_repacked", 2048)])
 def test_predecode_from(name, start):
-    """The measured thresholds (tuner logs, bench/results/h200/run3 and run4):
-    no fused wgmma (AWQ) or per-group zero points from 256, the rest from 512."""
+    """The measured thresholds (tuner logs, bench/results/h200/run3, run4 and
+    run14): no fused wgmma (AWQ) or per-group zero points from 256, the swapped
+    GEMM's specs from 2048, the rest from 512."""
     s = spec(name)
     assert planner.predecode_from(s, planner.candidates(s, "sm_90", 1024, 8192, 8192)) == start

@@ -55,8 +55,9 @@ def test_defaults_and_quick():
 
     quick = bench.resolve_plan(parse(["--quick"]), shipped_matmul=["a"])
     assert quick.shapes == ((8192, 8192),) and quick.Ms == (1, 16, 64, 256, 4096)
-    assert quick.specs == ("gptq_v2_w4a16_g128", "w4a16_sym_g128", "w2a16_g128", "w1a16_g128",
-                           "bitnet_b158", "bnb_nf4", "mxfp4", "w8a8_int8", "fp8_e4m3_w8a8")
+    assert quick.specs == ("gptq_v2_w4a16_g128", "gptq_v2_w4a16_g128_repacked", "w4a16_sym_g128",
+                           "w2a16_g128", "w1a16_g128", "bitnet_b158", "bnb_nf4", "mxfp4", "w8a8_int8",
+                           "fp8_e4m3_w8a8")
     # explicit choices win over --quick; Ms come out sorted; the baseline peer is always timed
     p = bench.resolve_plan(parse(["--quick", "--specs", "fp16", "--Ms", "64,1", "--shapes",
                                   "4096x4096", "--peers", "int_mm"]))
@@ -640,7 +641,7 @@ def test_run_with_fake_gpu(monkeypatch, tmp_path, capsys):
     res = json.loads((tmp_path / "bench.json").read_text())
     assert res["command"] == "opgen bench --quick --Ms 1,64"
     assert res["env"]["device"] == "FakeGPU" and res["measured"]["copy_tbps"] == 4.0
-    assert len(res["rows"]) == 9 * 2 and len(res["peer_rows"]) == 2
+    assert len(res["rows"]) == 10 * 2 and len(res["peer_rows"]) == 2
     r = res["rows"][0]
     for key in ("spec", "N", "K", "M", "opgen_us", "config", "source", "bytes_floor_us",
                 "flops_floor_us", "floor_us", "speedup_vs_cublas_fp16", "pct_of_floor",

@@ -69,12 +69,43 @@ def gptq_dequant(st: dict, v1: bool) -> np.ndarray:
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("sym", [False, True])
 def test_gptq(version, sym):
+    """By default into the repacked spec; with spec= the as-stored one, the
+    tensors passed through."""
     st = gptq_checkpoint(_rng(f"gptq{version}{sym}"), version == 1, sym)
-    t = ck.from_gptq(st, version, N, K, group=G)
-    spec = ck.shipped_spec(f"gptq_v{version}_w4a16_g128")
-    assert set(t) == {"qweight", "scales", "zeros", "bias"}
-    assert np.array_equal(R.dequantize(spec, t, N, K), gptq_dequant(st, version == 1))
-    assert t["bias"] is st["bias"] or np.array_equal(t["bias"], st["bias"])
+    for name in (f"gptq_v{version}_w4a16_g128_repacked", f"gptq_v{version}_w4a16_g128"):
+        t = ck.from_gptq(st, version, N, K, group=G, **({} if name.endswith("repacked") else {"spec": name}))
+        spec = ck.shipped_spec(name)
+        assert set(t) == {"qweight", "scales", "zeros", "bias"}
+        assert np.array_equal(R.dequantize(spec, t, N, K), gptq_dequant(st, version == 1))
+        assert t["bias"] is st["bias"] or np.array_equal(t["bias"], st["bias"])
+    assert ck.FORMATS[f"gptq_v{version}"] == f"gptq_v{version}_w4a16_g128_repacked"
+    assert np.array_equal(t["qweight"], st["qweight"])
+
+
+@pytest.mark.parametrize("sym", [False, True])
+def test_gptq_repacked(sym):
+    """Into gptq_v2_w4a16_g128_repacked: qweight repacked to [N, K/8] in the
+    interleaved order (word w of row n holds k = 8w + 0, 2, 4, 6, 1, 3, 5, 7
+    in its fields 0..7), scales and qzeros passed through, the same weights."""
+    st = gptq_checkpoint(_rng(f"gptq_repacked{sym}"), False, sym)
+    t = ck.from_gptq(st, 2, N, K, spec="gptq_v2_w4a16_g128_repacked")
+    spec = ck.shipped_spec("gptq_v2_w4a16_g128_repacked")
+    assert t["qweight"].shape == (N, K // 8) and t["qweight"].dtype == np.int32
+    assert np.array_equal(R.dequantize(spec, t, N, K), gptq_dequant(st, False))
+    u = st["qweight"].view(np.uint32)
+    q = np.stack([(u >> (4 * j)) & 0xF for j in range(8)], axis=1).reshape(K, N)   # [K, N]
+    word = t["qweight"].view(np.uint32)[5, 3]                 # row 5, k = 24 .. 31
+    assert [int(word >> (4 * f)) & 0xF for f in range(8)] == [int(q[24 + j, 5]) for j in (0, 2, 4, 6, 1, 3, 5, 7)]
+    assert t["zeros"] is st["qzeros"] or np.array_equal(t["zeros"], st["qzeros"])
+    spec2, t2 = ck.convert("gptq_v2", st, N, K, spec="gptq_v2_w4a16_g128_repacked")
+    assert spec2 == spec and np.array_equal(t2["qweight"], t["qweight"])
+    # v1 zeros (z - 1) are not what the v2 spec stores, AWQ's layout not GPTQ's
+    assert _error(ck.from_gptq, st, 1, N, K, spec="gptq_v2_w4a16_g128_repacked").startswith(
+        "spec: gptq_v2_w4a16_g128_repacked does not store GPTQ v1's")
+    assert _error(ck.from_gptq, st, 2, N, K, spec="awq_w4a16_g128").startswith(
+        "spec: awq_w4a16_g128 does not store GPTQ v2's")
+    # a shape error names the checkpoint's layout, not the repacked one
+    assert "[K/8, N]" in _error(ck.from_gptq, st, 2, N * 2, K // 2, spec="gptq_v2_w4a16_g128_repacked")
 
 
 def test_gptq_uint32_storage_is_accepted():
@@ -82,7 +113,7 @@ def test_gptq_uint32_storage_is_accepted():
     st["qweight"], st["qzeros"] = st["qweight"].view(np.uint32), st["qzeros"].view(np.uint32)
     t = ck.from_gptq(st, 2, N, K)
     assert t["qweight"].dtype == np.int32 and t["zeros"].dtype == np.int32
-    assert np.array_equal(R.dequantize(ck.shipped_spec("gptq_v2_w4a16_g128"), t, N, K),
+    assert np.array_equal(R.dequantize(ck.shipped_spec(ck.FORMATS["gptq_v2"]), t, N, K),
                           gptq_dequant(st, v1=False))
 
 
@@ -302,7 +333,7 @@ def test_convert_and_sub_state():
     layer = ck.sub_state(whole, "model.layers.0.mlp.up_proj.")
     assert set(layer) == set(st)
     spec, t = ck.convert("gptq_v1", layer, N, K)
-    assert spec.name == "gptq_v1_w4a16_g128"
+    assert spec.name == "gptq_v1_w4a16_g128_repacked"
     assert np.array_equal(R.dequantize(spec, t, N, K), gptq_dequant(st, v1=True))
     assert _error(ck.convert, "exl2", layer, N, K).startswith("format 'exl2': unknown")
 

@@ -193,7 +193,7 @@ def test_from_checkpoint_torch_tensors():
              "qzeros": torch.full((2, 8), 0x77777777, dtype=torch.int32),     # v1 sym: z - 1 = 7
              "scales": torch.rand(2, N).half() / 64, "g_idx": torch.arange(K) // 128}
     layer = ot.QuantLinear.from_checkpoint("gptq_v1", state, in_features=K, out_features=N)
-    assert layer.spec_name == "gptq_v1_w4a16_g128" and layer.bias is None
+    assert layer.spec_name == "gptq_v1_w4a16_g128_repacked" and layer.bias is None
     w = R.dequantize(layer.spec, {"qweight": layer.qweight.numpy(), "scales": layer.scales.numpy(),
                                   "zeros": layer.zeros.numpy()}, N, K)
     s = np.repeat(state["scales"].float().numpy(), 128, axis=0).T

@@ -133,15 +133,19 @@ def test_tma_decode_sass_and_resources(name):
         _check_tma_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
 
 
-def test_swapped_gemm_sass_and_resources():
+@pytest.mark.parametrize("name,table", [("w4a16_sym_g128", planner.RS_REGS),
+                                        ("gptq_v1_w4a16_g128_repacked", planner.RS_REGS_INT_ZERO),
+                                        ("gptq_v2_w4a16_g128_repacked", planner.RS_REGS_INT_ZERO)])
+def test_swapped_gemm_sass_and_resources(name, table):
     """Every kind of swapped-GEMM config the tuner may time (each tile, k-tile
     depth and k-group count, in its deepest ring): no spills or local memory,
     TMA and HGMMA in the SASS, no cp.async, ptxas does not serialize the
     wgmma (C7513: fragment registers written while one is in flight), the
     setmaxnreg split fits the launch. And the planner's register table
     (RS_REGS) bounds what ptxas takes, in the deepest ring and the shallowest
-    (the depth moves a register or two)."""
-    s = spec("w4a16_sym_g128")
+    (the depth moves a register or two); with integer zero points its own
+    table."""
+    s = spec(name)
     rings = {}
     for M in (16, 64, 256):
         for c in planner.candidates(s, "sm_90", M, 8192, 8192):
@@ -157,7 +161,7 @@ def test_swapped_gemm_sass_and_resources():
     for cfg in deepest + [r[min(r)] for r in rings.values()]:
         c = compiler.compile_kernel(s, cfg, "sm_90")
         if c.geometry["regs"] is None:        # (else ptxas reports the launch's cap)
-            assert c.resources["registers"] <= planner.RS_REGS[cfg.BK, cfg.BM], cfg.name
+            assert c.resources["registers"] <= table[cfg.BK, cfg.BM], cfg.name
 
 
 @pytest.mark.parametrize("name", ["bnb_nf4", "mxfp4"])
