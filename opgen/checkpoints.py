@@ -10,8 +10,8 @@ one) in the exact storage of the corresponding shipped spec, ready for
 AWQ is stored the way its shipped spec describes it, so loading it is
 validation plus passthrough; GPTQ's qweight is repacked (words transposed to
 [N, K/8], fields reordered) for the faster kernels of the *_repacked specs,
-unless spec= names the as-stored gptq_v{1,2}_w4a16_g128. bitsandbytes NF4 is a reshape of the
-flat storage. HF BitNet packs along the wrong axis for the kernels, so it is
+unless spec= names the as-stored gptq_v{1,2}_w4a16_g128. bitsandbytes NF4
+is a reshape of the flat storage. HF BitNet packs along the wrong axis for the kernels, so it is
 repacked here, once, at load.
 
 Every mismatch raises a ValueError that starts with the checkpoint's own name
@@ -37,7 +37,7 @@ __all__ = ["FORMATS", "shipped_spec", "resolve_spec", "expected_tensors", "valid
 
 # checkpoint format -> the shipped spec whose storage it converts to
 # (GPTQ's qweight is repacked by default: the repacked specs' kernels ran
-# 1.04x the as-stored ones at M = 1 and 2-2.5x at M = 16-256, run15.)
+# 1.05x the as-stored ones at M = 1 and 2.0-2.6x at M = 16-256, run16.)
 FORMATS = {
     "gptq_v1": "gptq_v1_w4a16_g128_repacked",
     "gptq_v2": "gptq_v2_w4a16_g128_repacked",
@@ -257,8 +257,9 @@ def from_gptq(state: Mapping, version: int, N: int, K: int, group: int = 128,
     stored = dataclasses.replace(spec, b=dataclasses.replace(spec.b, layout=gptq.b.layout,
                                                              pack=gptq.b.pack))
     w = spec.b
-    if (w.dtype, w.pack and (w.pack.container, w.pack.axis), w.zero, w.scale.dtype, w.scale.layout) != \
-            (gptq.b.dtype, ("int32", "k"), gptq.b.zero, gptq.b.scale.dtype, gptq.b.scale.layout):
+    storage = lambda w: (w.dtype, w.pack and (w.pack.container, w.pack.axis), w.zero,   # noqa: E731
+                         w.scale and (w.scale.dtype, w.scale.layout))
+    if storage(w) != storage(gptq.b):
         raise ValueError(f"spec: {spec.name} does not store GPTQ v{version}'s codes, scales and "
                          f"zeros (uint4 eight per int32 along k; float16 scales [K/G, N]; "
                          f"qzeros as {gptq.name})")
