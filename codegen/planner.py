@@ -313,10 +313,11 @@ RS_REGS = {(64, 16): 72, (64, 32): 82, (64, 64): 96, (64, 128): 125, (64, 256): 
            (128, 16): 95, (128, 32): 96, (128, 64): 124, (128, 128): 159}
 # ... with integer zero points (the GPTQ *_repacked specs: two more items in
 # flight per row, their addresses): the most ptxas took under the caps of
-# one and two MMA warpgroups. Four 128-deep ones no longer fit (a few fit
-# 96 without spilling, others spilled there).
+# one and two MMA warpgroups, except at (128, 16), where every config fits
+# four warpgroups' cap of 96 without spilling (it takes up to 117 where it
+# may). Four 128-deep k-groups of 32 rows and up do not fit.
 RS_REGS_INT_ZERO = {(64, 16): 91, (64, 32): 93, (64, 64): 107, (64, 128): 140, (64, 256): 205,
-                    (128, 16): 117, (128, 32): 127, (128, 64): 128, (128, 128): 167}
+                    (128, 16): 96, (128, 32): 127, (128, 64): 128, (128, 128): 167}
 
 
 def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:

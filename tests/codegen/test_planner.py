@@ -211,7 +211,7 @@ def test_swapped_gemm_rules():
     signed = dataclasses.replace(gq, b=dataclasses.replace(gq.b, zero=dataclasses.replace(gq.b.zero, dtype="int4")))
     with pytest.raises(planner.PlanError, match="integer add"):
         planner.geometry(signed, c, "sm_90")
-    # its own register table: four 128-deep k-groups do not fit
+    # its own register table: four 128-deep k-groups of 32 rows do not fit
     with pytest.raises(planner.PlanError, match="registers"):
         planner.geometry(gq, dataclasses.replace(c, BM=32, WN=32, BK=128, kgroups=4), "sm_90")
 
