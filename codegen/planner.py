@@ -391,7 +391,13 @@ def _rs_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
             raise PlanError(f"{need} registers per thread > {up} for {consumers} MMA warpgroups")
         regs = (TMA_PRODUCER_REGS, up)
     mma = hw.MMAS[num.mma]
-    return dict(threads=threads, consumers=consumers, regs=regs, ce=2, a_bytes=2, a_decode=False,
+    # k-tiles of one scale group that a k-group takes in a row (one scale and
+    # zero load for all of them), where the ring's slots still each serve
+    # one k-group.
+    tpg = num.group // cfg.BK
+    if cfg.kgroups > 1 and cfg.stages % (cfg.kgroups * tpg):
+        tpg = 1
+    return dict(threads=threads, consumers=consumers, regs=regs, tpg=tpg, ce=2, a_bytes=2, a_decode=False,
                 dense=False, tma=True, rs=True, wgmma=True, stored=lay, b_rows=cfg.BN,
                 b_rowb=w_rowb, a_tile=a_tile, w_tile=w_tile, smem=smem,
                 grid_tiles=(cfg.BN, cfg.BM), acc_int=False, mma_ptx=mma.ptx, inflight=1,
