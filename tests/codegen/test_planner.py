@@ -185,6 +185,9 @@ def test_swapped_gemm_rules():
     c = planner.Config("gemm", 64, 64, 64, 64, 64, 8, 1, wgmma=True, tma=True, rs=True, kgroups=2)
     g = planner.geometry(spec("w4a16_sym_g128"), c, "sm_90")
     assert g["rs"] and g["threads"] == 2 * 128 + 32 and g["b_rowb"] == 32 and g["stored"]
+    # 64-deep tiles in pairs of one scale group, where each slot keeps one k-group
+    tpg = lambda **kw: planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(c, **kw), "sm_90")["tpg"]  # noqa: E731
+    assert (tpg(), tpg(stages=6), tpg(stages=6, kgroups=1), tpg(BK=128)) == (2, 1, 2, 1)
     assert c.name == "gemm_64x64x64_w64x64_p8_s1_wg_tma_rs2"
     for name, why in (("gptq_v2_w4a16_g128", r"stored \[N, K\]"), ("bnb_nf4", "pack order"),
                       ("w2a16_g128", "4-bit"), ("fp16", "4-bit")):
