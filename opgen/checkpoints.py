@@ -11,8 +11,8 @@ AWQ is stored the way its shipped spec describes it, so loading it is
 validation plus passthrough; GPTQ's qweight is repacked (words transposed to
 [N, K/8], fields reordered) for the faster kernels of the *_repacked specs,
 unless spec= names the as-stored gptq_v{1,2}_w4a16_g128. bitsandbytes NF4
-is a reshape of the flat storage. HF BitNet packs along the wrong axis for the kernels, so it is
-repacked here, once, at load.
+is a reshape of the flat storage. HF BitNet packs along the wrong axis for
+the kernels, so it is repacked here, once, at load.
 
 Every mismatch raises a ValueError that starts with the checkpoint's own name
 for the tensor, e.g.
@@ -241,6 +241,14 @@ def _repack_k_words(words: np.ndarray, src: Spec, dst: Spec) -> np.ndarray:
     return out.view(np.int32)
 
 
+def _gptq_storage(w) -> Tuple:
+    """What a spec must share with GPTQ's storage to load it with one repack of
+    qweight: the codes, int32 words packed along k, the zeros, the scales' dtype
+    and layout."""
+    return (w.dtype, w.pack and (w.pack.container, w.pack.axis), w.zero,
+            w.scale and (w.scale.dtype, w.scale.layout))
+
+
 def from_gptq(state: Mapping, version: int, N: int, K: int, group: int = 128,
               spec: Union[Spec, str, None] = None) -> Dict[str, np.ndarray]:
     """GPTQ (AutoGPTQ / GPTQModel) 4-bit layer: qweight int32 [K/8, N],
@@ -256,10 +264,7 @@ def from_gptq(state: Mapping, version: int, N: int, K: int, group: int = 128,
     gptq = shipped_spec(f"gptq_v{version}_w4a16_g128")          # the checkpoint's storage
     stored = dataclasses.replace(spec, b=dataclasses.replace(spec.b, layout=gptq.b.layout,
                                                              pack=gptq.b.pack))
-    w = spec.b
-    storage = lambda w: (w.dtype, w.pack and (w.pack.container, w.pack.axis), w.zero,   # noqa: E731
-                         w.scale and (w.scale.dtype, w.scale.layout))
-    if storage(w) != storage(gptq.b):
+    if _gptq_storage(spec.b) != _gptq_storage(gptq.b):
         raise ValueError(f"spec: {spec.name} does not store GPTQ v{version}'s codes, scales and "
                          f"zeros (uint4 eight per int32 along k; float16 scales [K/G, N]; "
                          f"qzeros as {gptq.name})")
