@@ -1,7 +1,7 @@
 """The SASS lines a kernel's warps stall on most, from Nsight Compute's
 source page (`ncu -i REPORT --page source --csv --print-source sass`, read
-on stdin): the top lines by warp stall samples, with their share and the
-columns that hold stall samples per reason.
+on stdin): the top lines by warp stall samples (all reasons together), each
+with its share of the kernel's samples and its address.
 
     ncu -i rep.ncu-rep --page source --csv --print-source sass | python bench/ncu_sass_top.py 40
 """
