@@ -38,6 +38,14 @@ import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
+from opgen.codegen import planner, render
+from opgen.codegen.validate import load_spec, resolve_spec
+
+# The compiler renders through render.render; a variant replaces it with
+# this plus its edits (and compiles into a cache of its own, since the
+# cache key does not see the edits).
+_RENDER = render.render
+
 _W_LOAD = "tma_load_2d(st + A_TILE, &tmB, t * BK / 8, n0, &full[s]);"
 _A_LOAD = "for (int h = 0; h < BK / 64; ++h) tma_load_2d(st + h * A_BOX, &tmA, t * BK + h * 64, m0, &full[s]);"
 _EXPECT = "mbar_arrive_expect_tx(&full[s], A_TILE + W_BYTES);"
@@ -104,16 +112,9 @@ VARIANTS = {
 }
 
 
-def _original_render():
-    from opgen.codegen import render
-    return getattr(render, "_ablate_original", render.render)
-
-
 def _patched_render(edits):
-    original = _original_render()
-
     def patched(spec, cfg, arch):
-        src, g = original(spec, cfg, arch)
+        src, g = _RENDER(spec, cfg, arch)
         for old, new in edits:
             if old not in src:
                 raise RuntimeError(f"edit does not apply: {old[:60]!r}")
@@ -123,27 +124,24 @@ def _patched_render(edits):
 
 
 def _use_variant(variant: str, root: str) -> None:
-    from opgen.codegen import render
     os.environ["OPGEN_CACHE_DIR"] = os.path.join(root, variant)
-    patched = _patched_render(VARIANTS[variant])
-    render._ablate_original = _original_render()
-    render.render = patched
+    render.render = _patched_render(VARIANTS[variant])
 
 
 def _config(spec_name: str, cfg_name: str, M: int, N: int, K: int, arch: str):
-    from opgen.codegen import planner
-    from opgen.codegen.validate import load_spec, resolve_spec
     spec = load_spec(resolve_spec(spec_name))
     by_name = {c.name: c for c in planner.candidates(spec, arch, M, N, K)}
     return spec, by_name[cfg_name]
 
 
-def _applies(edits, spec_name, cfg_name, M, N, K, arch) -> bool:
-    """Whether every edit applies to this config's source (the swapped
-    GEMM's edits do not to other kernels, which are timed as they are)."""
-    spec, cfg = _config(spec_name, cfg_name, M, N, K, arch)
-    src, _ = _original_render()(spec, cfg, arch)
+def _applies(edits, src: str) -> bool:
+    """Whether every edit applies to this source (the swapped GEMM's edits
+    do not to other kernels, which are timed as they are)."""
     return all(old in src for old, _ in edits)
+
+
+def _source(spec_name, cfg_name, M, N, K, arch) -> str:
+    return _RENDER(*_config(spec_name, cfg_name, M, N, K, arch), arch)[0]
 
 
 def _compile(job):
@@ -174,7 +172,10 @@ def main(argv=None) -> int:
         s, c, m, *nk = e.split(":")
         N, K = (int(x) for x in nk) if nk else (8192, 8192)
         entries.append((s, c, int(m), N, K))
-    todo = [(e, v) for e in entries for v in variants if _applies(VARIANTS[v], *e, args.arch)]
+    todo = []
+    for e in entries:
+        src = _source(*e, args.arch)
+        todo += [(e, v) for v in variants if _applies(VARIANTS[v], src)]
     jobs = [(*e, v, args.cache, args.arch) for e, v in todo]
     # Compile first, in forked workers (the patch is in this module), before
     # this process touches CUDA.
@@ -190,20 +191,26 @@ def main(argv=None) -> int:
     from opgen.runtime.device import current_arch
     assert current_arch() == args.arch, (current_arch(), args.arch)
     rows = []
+    session = tuner._make_session(current_arch())
+    bench = entry = None
     for (s, c, m, N, K), v in todo:
-        _use_variant(v, args.cache)
         spec, cfg = _config(s, c, m, N, K, args.arch)
-        session = tuner._make_session(current_arch())
-        bench = session.bench(spec, N, K, seed=0)
-        bench.select(m)
+        if entry != (s, c, m, N, K):      # one problem's data for all its variants
+            if bench is not None:
+                bench.close()
+            entry, bench = (s, c, m, N, K), session.bench(spec, N, K, seed=0)
+            bench.select(m)
+        _use_variant(v, args.cache)
+        session.forget(spec)              # (the session keeps kernels by spec and config)
         t = bench.time(cfg, budget_ms=args.budget_ms)
-        bench.close()
-        session.close()
         n_regs = regs[(s, c, m, N, K, v)]
         rows.append(dict(spec=s, config=c, M=m, N=N, K=K, variant=v, us=round(t.median_us, 2),
                          registers=n_regs))
         print(f"{s} {c} M={m} {N}x{K} {v:11s} {t.median_us:8.2f} us  ({n_regs} registers)",
               flush=True)
+    if bench is not None:
+        bench.close()
+    session.close()
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(rows=rows), f, indent=1)

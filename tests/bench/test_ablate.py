@@ -28,9 +28,9 @@ def test_every_variant_applies_where_it_is_meant_to(variant):
     else:
         targets, others = ([GEMV, GEMV_PF], [RS]) if gemv else ([RS, RS_GPTQ], [GEMV])
     for t in targets:
-        assert ablate._applies(edits, *t, ARCH), (variant, t[1])
+        assert ablate._applies(edits, ablate._source(*t, ARCH)), (variant, t[1])
     for t in others:
-        assert not ablate._applies(edits, *t, ARCH), (variant, t[1])
+        assert not ablate._applies(edits, ablate._source(*t, ARCH)), (variant, t[1])
 
 
 def test_patched_render_edits_and_refuses_what_does_not_apply():
