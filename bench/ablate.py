@@ -146,7 +146,7 @@ def _source(spec_name, cfg_name, M, N, K, arch) -> str:
 
 def _compile(job):
     spec_name, cfg_name, M, N, K, variant, root, arch = job
-    from opgen.runtime import compiler
+    from opgen.codegen import compiler
     _use_variant(variant, root)
     spec, cfg = _config(spec_name, cfg_name, M, N, K, arch)
     k = compiler.compile_kernel(spec, cfg, arch)

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     import cupy
     import opgen
-    from opgen.runtime import compiler
+    from opgen.codegen import compiler
     from opgen.runtime.device import current_arch
     from opgen.runtime.tuning_db import TuningDB
     lap("imports", t)

@@ -16,7 +16,7 @@ import sys
 from opgen.codegen import planner
 from opgen.codegen.validate import load_spec, resolve_spec
 from opgen.runtime import tuner
-from opgen.runtime.compiler import compile_many
+from opgen.codegen.compiler import compile_many
 from opgen.runtime.device import current_arch
 
 

@@ -86,7 +86,7 @@ extern "C" __global__ void __launch_bounds__({128 * _most_wgs(n)}, 1) probe(long
 def main() -> None:
     import cupy
 
-    from opgen.runtime import compiler
+    from opgen.codegen import compiler
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", help="write the table here as JSON")

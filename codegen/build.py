@@ -12,13 +12,14 @@ from typing import Dict, List, Optional
 
 from .. import __version__
 from . import planner
+from .buckets import BUCKETS, representative_M
+from .compiler import compile_config, compile_kernel, nvrtc_version
+from .errors import UserError
 from .spec import Spec
 
 # Where the plan is made for N or K left "any": the kernels take N and K at
 # run time (within the alignment rules), the tile choice assumes this size.
 DEFAULT_NK = 4096
-BUCKET_M = {"1": 1, "2-4": 4, "5-8": 8, "9-16": 16, "17-32": 32, "33-64": 64, "65-128": 128,
-            "129-256": 256, "257-512": 512, "513-1024": 1024, ">1024": 4096}
 
 ARGUMENTS = [
     ("a", "const void*", "activations [M, K] (row-major, spec a.dtype)"),
@@ -60,7 +61,6 @@ def _tma_launch(cfg: planner.Config, geom: dict) -> Optional[dict]:
 
 def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
                N: Optional[int] = None, K: Optional[int] = None) -> List[Path]:
-    from ..runtime.compiler import compile_config, nvrtc_version
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if spec.op == "quantize":
@@ -70,9 +70,8 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
     try:
         planner.check_shape(spec, N, K)
     except planner.PlanError as e:
-        from .errors import UserError
         raise UserError(f"{spec.name}: {e}") from None
-    buckets = {str(M): M} if M else dict(BUCKET_M)
+    buckets = {str(M): M} if M else {label: representative_M(label) for _, _, label in BUCKETS}
     kernels: Dict[str, dict] = {}
     dispatch = {}
     written: List[Path] = []
@@ -134,7 +133,6 @@ def _grid_rule(cfg: planner.Config, geom: dict) -> str:
 
 
 def _build_quantize(spec: Spec, out: Path, arch: str) -> List[Path]:
-    from ..runtime.compiler import compile_kernel
     c = compile_kernel(spec, None, arch)
     name = c.name
     cu, cb = _write(out, name, c)

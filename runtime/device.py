@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 
 from ..codegen import hw
+from ..codegen.compiler import nvrtc_version  # noqa: F401 (part of what a device reports)
 
 
 def has_gpu() -> bool:
@@ -48,8 +49,3 @@ def device_name() -> str:
 
 def sm_count() -> int:
     return int(_props(current_device())["multiProcessorCount"])
-
-
-def nvrtc_version() -> str:
-    from .compiler import nvrtc_version as v
-    return v()

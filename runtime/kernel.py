@@ -12,7 +12,8 @@ import numpy as np
 
 from ..codegen import planner
 from ..codegen.spec import Spec
-from . import compiler, tma
+from ..codegen import compiler
+from . import tma
 from .device import current_arch
 
 

@@ -12,7 +12,7 @@ from ..codegen import planner
 from ..codegen.errors import UserError
 from ..codegen.spec import Spec, scale_shape, weight_storage_shape, zero_shape
 from . import arrays
-from .buckets import bucket_of, representative_M
+from ..codegen.buckets import bucket_of, representative_M
 
 
 def _spec(spec_or_name) -> Spec:

@@ -49,7 +49,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .buckets import LABELS, bucket_of, representative_M
+from ..codegen.buckets import LABELS, bucket_of, representative_M
 from .timing import BUDGET_MS, DROP_RATIO, RANK_BUDGET_MS, Timer, Timing, n_copies
 from .tuning_db import TuningDB, format_table, make_key, make_record, speedup
 
@@ -90,7 +90,7 @@ def _compile_many(jobs, workers):
     """compiler.compile_many: compiles (spec, config, arch) jobs into the cubin
     cache (where Kernel loads them from), yielding (job, None | why not) as
     each finishes; in 'spawn' worker processes when workers > 1."""
-    from opgen.runtime.compiler import compile_many
+    from opgen.codegen.compiler import compile_many
     return compile_many(jobs, workers)
 
 

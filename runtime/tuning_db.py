@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
 
-from .buckets import LABELS, bucket_order
+from ..codegen.buckets import LABELS, bucket_order
 
 FORMAT = "opgen-tuning-db"
 VERSION = 1

@@ -97,7 +97,7 @@ class _Gpu:
         chooses (config None: the quantize kernel).  A miss only means that
         kernel compiles later, serially."""
         from opgen.codegen import planner
-        from opgen.runtime.buckets import bucket_of, representative_M
+        from opgen.codegen.buckets import bucket_of, representative_M
         from opgen.runtime.device import current_arch
         arch = current_arch()
         jobs = {}
@@ -138,7 +138,7 @@ class _Gpu:
         then calls wait_precompile.  One core is left to the timing loop.
         Returns a handle (None when nothing is left to wait for)."""
         import threading
-        from opgen.runtime.compiler import compile_many
+        from opgen.codegen.compiler import compile_many
         jobs = self._compile_jobs(specs, shapes, Ms, db, use_db)
         if not jobs:
             return None
@@ -466,7 +466,7 @@ extern "C" __global__ void opgen_read(const uint4* __restrict__ p, long long n, 
         import numpy as np
         import opgen
         from opgen.codegen.reference import random_bias, random_weight_tensors
-        from opgen.runtime.buckets import bucket_of
+        from opgen.codegen.buckets import bucket_of
         torch = self.torch
         rows = {M: {"spec": spec.name, "N": N, "K": K, "M": M, "opgen_us": None} for M in Ms}
         N0, K0 = base_shape(spec, N, K, getattr(self, "base_limit", BASE_LIMIT))

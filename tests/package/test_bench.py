@@ -405,7 +405,7 @@ class _FakeOp:
         self.calls = 0
 
     def kernel_for(self, M):
-        from opgen.runtime.buckets import bucket_of
+        from opgen.codegen.buckets import bucket_of
         self.sources[bucket_of(M)] = "heuristic"
         return types.SimpleNamespace(config=types.SimpleNamespace(name=f"fake_m{M}"))
 
@@ -538,7 +538,7 @@ def test_precompile_fills_the_cubin_cache(monkeypatch, tmp_path):
     pick in the cubin cache.  NVRTC needs no GPU; only the arch is faked."""
     pytest.importorskip("cupy")
     from opgen.runtime import device
-    from opgen.runtime.compiler import cache_dir
+    from opgen.codegen.compiler import cache_dir
     monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(device, "current_arch", lambda: "sm_90")
     g = object.__new__(bench._Gpu)
@@ -560,7 +560,7 @@ def test_precompile_background_wait_and_cancel(monkeypatch):
     cancel returns at once and the thread closes compile_many after the
     job in flight."""
     import threading
-    from opgen.runtime import compiler
+    from opgen.codegen import compiler
     g = object.__new__(bench._Gpu)
     logs = []
     g.log = logs.append

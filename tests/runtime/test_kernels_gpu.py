@@ -102,7 +102,7 @@ def shapes_for(M):
 @pytest.fixture(scope="module", autouse=True)
 def precompiled():
     """Compile every kernel this module launches on all cores up front."""
-    from opgen.runtime.compiler import compile_many
+    from opgen.codegen.compiler import compile_many
     from opgen.runtime.device import current_arch
     arch = current_arch()
     jobs = {(load_spec(shipped_specs()[n]), cfg, arch)
@@ -184,7 +184,7 @@ WGMMA_SPECS = [n for n in MATMUL_SPECS if n != "awq_w4a16_g128"]   # K-major wei
 
 def check_all(spec, cfgs, M, N, K, record):
     """run_check for each config, compiled first on all cores."""
-    from opgen.runtime.compiler import compile_many
+    from opgen.codegen.compiler import compile_many
     from opgen.runtime.device import current_arch
     for _ in compile_many({(spec, c, current_arch()) for c in cfgs}):
         pass

@@ -480,7 +480,7 @@ def test_compile_in_spawned_workers(monkeypatch, tmp_path):
     pytest.importorskip("cupy")
     from opgen.codegen.planner import Config, heuristic
     from opgen.codegen.validate import load_spec, resolve_spec
-    from opgen.runtime.compiler import cache_dir
+    from opgen.codegen.compiler import cache_dir
     monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
     spec = load_spec(resolve_spec("w4a16_sym_g128"))
     good = list(dict.fromkeys(heuristic(spec, "sm_90", M, 512, 512) for M in (1, 64)))

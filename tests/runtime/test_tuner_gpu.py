@@ -14,7 +14,7 @@ def test_tune_end_to_end(tmp_path):
     at 2048^2 and tiled on the GPU); the stored winners, rebuilt from the DB,
     match the full numpy reference on a fresh random problem, and are at
     least as fast as the heuristic's pick."""
-    for mod in ("opgen.codegen.planner", "opgen.runtime.compiler", "opgen.runtime.kernel",
+    for mod in ("opgen.codegen.planner", "opgen.codegen.compiler", "opgen.runtime.kernel",
                 "opgen.codegen.reference", "opgen.codegen.validate", "opgen.runtime.device"):
         pytest.importorskip(mod)
     import cupy as cp

@@ -11,7 +11,7 @@ import pytest
 
 from opgen.codegen.spec import Activation, Output, Scale, Spec, Weight
 from opgen.runtime import tuning_db as tdb
-from opgen.runtime.buckets import BUCKETS, LABELS, bucket_of, representative_M
+from opgen.codegen.buckets import BUCKETS, LABELS, bucket_of, representative_M
 from opgen.runtime.tuning_db import DBKey, TuningDB, TuningDBError, make_key, make_record
 
 SPEC = Spec(name="w4a16_test", op="matmul", a=Activation("float16"),

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from opgen.codegen import planner
 from opgen.codegen.build import build_spec
 from opgen.codegen.validate import load_spec, shipped_specs
-from opgen.runtime import compiler
+from opgen.codegen import compiler
 from strategies import runnable_shape, valid_spec_dicts
 
 SPECS = sorted(shipped_specs())

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from .. import __version__
-from ..codegen import planner, render
-from ..codegen.spec import Spec
+from . import planner, render
+from .spec import Spec
 
 
 class CompileError(RuntimeError):
