@@ -18,7 +18,7 @@ from collections import Counter
 
 from opgen.codegen import planner
 from opgen.codegen.lower import vector, weight_layout
-from opgen.codegen.validate import load_spec, shipped_specs
+from opgen.codegen.resolve import load_spec, shipped_specs
 from opgen.codegen import compiler
 
 DEFAULT = ["gptq_v2_w4a16_g128", "awq_w4a16_g128", "w4a16_sym_g128", "bnb_nf4", "mxfp4",

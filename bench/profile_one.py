@@ -5,19 +5,23 @@
 
 The config is named as the planner names it (`opgen build` / the tuner print
 these names); it must be one of the planner's candidates for the shape.
+Without one, the op's own pick for M (tuning DB winner, else the heuristic's).
+`bash bench/gpu_run.sh ncu SPEC M [CONFIG]` runs it under Nsight Compute.
 """
 import argparse
 
+import opgen
 from opgen.codegen import planner
-from opgen.codegen.validate import load_spec, resolve_spec
-from opgen.runtime import tuner
+from opgen.codegen.resolve import load_spec, resolve_spec
+from opgen.runtime import workbench
 from opgen.runtime.device import current_arch
+from opgen.runtime.timing import BUDGET_MS
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("spec")
-    p.add_argument("config")
+    p.add_argument("config", nargs="?", help="default: the op's pick for M")
     p.add_argument("--M", type=int, default=1)
     p.add_argument("--N", type=int, default=8192)
     p.add_argument("--K", type=int, default=8192)
@@ -25,13 +29,18 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     spec = load_spec(resolve_spec(args.spec))
     arch = current_arch()
-    by_name = {c.name: c for c in planner.candidates(spec, arch, args.M, args.N, args.K)}
-    if args.config not in by_name:
-        p.error(f"{args.config} is not a candidate; e.g. {', '.join(list(by_name)[:5])}")
-    bench = tuner._make_session(arch).bench(spec, args.N, args.K, seed=0)
-    bench.select(args.M)
-    t = bench.time(by_name[args.config], budget_ms=tuner.BUDGET_MS, repeats=args.launches)
-    print(f"{spec.name} {args.config} M={args.M} N={args.N} K={args.K}: {t.median_us:.2f} us")
+    if args.config is None:
+        cfg = opgen.load(spec, N=args.N, K=args.K).config_for(args.M)
+    else:
+        by_name = {c.name: c for c in planner.candidates(spec, arch, args.M, args.N, args.K)}
+        if args.config not in by_name:
+            p.error(f"{args.config} is not a candidate; e.g. {', '.join(list(by_name)[:5])}")
+        cfg = by_name[args.config]
+    session = workbench.Session(arch)
+    problem = session.problem(spec, args.N, args.K, seed=0)
+    problem.select(args.M)
+    t = problem.time(session.kernel(spec, cfg), budget_ms=BUDGET_MS, repeats=args.launches)
+    print(f"{spec.name} {cfg.name} M={args.M} N={args.N} K={args.K}: {t.median_us:.2f} us")
     return 0
 
 

@@ -1,6 +1,6 @@
 """The README's H200 table, printed from a bench JSON (no figure typed in):
 
-    python3 bench/readme_table.py bench/results/h200/run3/bench.json [--N 8192 --K 8192]
+    python3 bench/readme_table.py bench/results/h200/bench.json [--N 8192 --K 8192]
 
 One row per spec (µs per M at the shape), then the peers; medians as the
 bench measured them."""

@@ -14,9 +14,10 @@ import json
 import sys
 
 from opgen.codegen import planner
-from opgen.codegen.validate import load_spec, resolve_spec
-from opgen.runtime import tuner
 from opgen.codegen.compiler import compile_many
+from opgen.codegen.tolerance import tolerance
+from opgen.codegen.resolve import load_spec, resolve_spec
+from opgen.runtime import workbench
 from opgen.runtime.device import current_arch
 
 
@@ -40,19 +41,25 @@ def main(argv=None) -> int:
              for M in Ms}
     jobs = {(spec, c, arch) for cs in per_M.values() for c in cs}
     bad = {job[1]: why for job, why in compile_many(jobs) if why}
-    tol = tuner.tolerance(spec)
+    tol = tolerance(spec)
     out = open(args.out, "a") if args.out else None
-    bench = tuner._make_session(arch).bench(spec, args.N, args.K, seed=0)
+    session = workbench.Session(arch)
+    problem = session.problem(spec, args.N, args.K, seed=0)
     for M, cfgs in per_M.items():
-        bench.select(M)
+        problem.select(M)
         heur = planner.heuristic(spec, arch, M, args.N, args.K)
         for cfg in cfgs:
             print(f"{spec.name} M={M} {cfg.name} ...", end=" ", flush=True)
             if cfg in bad:
                 print("compile failed:", bad[cfg], flush=True)
                 continue
-            ok, err, why = bench.verify(cfg, tol)
-            t = bench.time(cfg, budget_ms=args.budget_ms) if ok else None
+            try:
+                kernel = session.kernel(spec, cfg)
+            except Exception as e:          # a config the driver refuses to load
+                print(f"load failed: {type(e).__name__}: {e}", flush=True)
+                continue
+            ok, err, why = problem.verify(kernel, tol)
+            t = problem.time(kernel, budget_ms=args.budget_ms) if ok else None
             us = t.median_us if t else None
             mark = " (heuristic)" if cfg == heur else ""
             print(f"err {err:.1e} " + (f"{us:.2f} us{mark}" if ok else f"FAILED: {why}"), flush=True)
@@ -60,7 +67,8 @@ def main(argv=None) -> int:
                 out.write(json.dumps(dict(spec=spec.name, M=M, N=args.N, K=args.K, config=cfg.name,
                                           heuristic=cfg == heur, ok=ok, rel_err=err, us=us)) + "\n")
                 out.flush()
-    bench.close()
+    problem.close()
+    session.close()
     return 0
 
 

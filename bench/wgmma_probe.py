@@ -1,18 +1,18 @@
 """How many cycles one m64nNk16 f16 wgmma costs an SM, by operand source and
-by how many warpgroups issue at once: the question behind the swapped GEMM's
+by how many warpgroups issue at once: the question behind the rs GEMM's
 ~300 cycles per k-tile that neither more k-groups nor more stages removed
-(bench/NOTES.md, v9).
+(docs/performance.md#rs-gemm).
 
 Each warpgroup of a 132-block grid loops over groups of four wgmma (one
 64-deep k-tile) on fixed operands, and times the loop with clock64:
-  rs_wait  A from registers, wait_group 0 after every group (the swapped GEMM)
+  rs_wait  A from registers, wait_group 0 after every group (the rs GEMM)
   rs_pipe  A from registers, groups committed back to back, one wait at the end
   ss_wait  A from shared memory, wait_group 0 after every group
 Prints cycles per wgmma per SM (the loop's cycles over all the warpgroups'
 wgmma) next to the tensor-core floor of N / 2 cycles (2048 f16 FMA per
 cycle per SM), and writes the table as JSON.
 
-    python bench/wgmma_probe.py --out bench/results/h200/runN/wgmma_probe.json
+    python bench/wgmma_probe.py --out $OUT/wgmma_probe.json      (bash bench/gpu_run.sh probe)
 """
 from __future__ import annotations
 

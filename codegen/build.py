@@ -10,52 +10,29 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .. import __version__
-from . import planner
+from .version import __version__
+from . import hw, planner
 from .buckets import BUCKETS, representative_M
 from .compiler import compile_config, compile_kernel, nvrtc_version
 from .errors import UserError
+from .kernel_args import ARGUMENTS, TMA_ARGUMENTS
 from .spec import Spec
 
 # Where the plan is made for N or K left "any": the kernels take N and K at
 # run time (within the alignment rules), the tile choice assumes this size.
 DEFAULT_NK = 4096
 
-ARGUMENTS = [
-    ("a", "const void*", "activations [M, K] (row-major, spec a.dtype)"),
-    ("a_scale", "const float*", "per-row activation scales [M] (int8/fp8 activations) or null"),
-    ("b", "const void*", "stored weight (qweight) in the spec's layout"),
-    ("s", "const void*", "weight scales in the spec's layout, or null"),
-    ("z", "const void*", "weight zero points in the spec's layout, or null"),
-    ("bias", "const void*", "bias [N] (out dtype) or null"),
-    ("out", "void*", "output [M, N] (row-major, spec out.dtype)"),
-    ("ws", "float*", "split-K workspace [M*N] fp32, zero-initialised once (kernels leave it zeroed)"),
-    ("counters", "int*", "split-K tile counters, zero-initialised once"),
-    ("M", "int", ""), ("N", "int", ""), ("K", "int", ""),
-]
-# The TMA GEMM (launches whose "tma" entry is set) takes its operands as
-# tensor maps passed by value instead of a / b.
-TMA_ARGUMENTS = [
-    ("tmA", "const __grid_constant__ CUtensorMap",
-     "activations [M, K]: cuTensorMapEncodeTiled, 2-D, box = tma.box_a, 128-byte swizzle, zero OOB fill"),
-    ("tmB", "const __grid_constant__ CUtensorMap",
-     "weights: dense [N, K] (for predecode: the dequant launch's output), box = tma.box_b, same "
-     "settings; or the stored words of decoded weights as 4-byte elements [rows, row bytes / 4] "
-     "of their stored layout, box = tma.box_b, no swizzle"),
-] + [a for a in ARGUMENTS if a[0] not in ("a", "b")]
 
-
-def _tma_launch(cfg: planner.Config, geom: dict) -> Optional[dict]:
-    """What a caller needs to build the tensor maps of a TMA launch: box sizes
-    {rows, elements} and the element size (the map's data type: 1 = UINT8,
-    2 = UINT16); cluster blocks along M are compiled in (__cluster_dims__)."""
-    if not geom.get("tma"):
-        return None
-    out = dict(elem_bytes=geom["ce"], box_a=list(planner.tma_box_a(cfg, geom["ce"])), box_b=[cfg.BN // cfg.cluster, cfg.BK],
-               swizzle="128B", oob_fill="zeros", cluster=[1, cfg.cluster, 1],
-               arguments=[dict(name=n, type=t, doc=d) for n, t, d in TMA_ARGUMENTS])
-    if not geom["dense"]:           # the stored words: 4-byte elements, unswizzled boxes of the raw tile
-        out.update(b_elem_bytes=4, box_b=[geom["b_rows"], geom["b_rowb"] // 4], b_swizzle="none")
+def _tma_launch(boxes: planner.TmaBoxes) -> dict:
+    """What a caller needs to build the tensor maps of a TMA launch (the
+    plan's boxes): box sizes {rows, elements} and the element size (the map's
+    data type: 1 = UINT8, 2 = UINT16); cluster blocks along M are compiled in
+    (__cluster_dims__)."""
+    out = dict(elem_bytes=boxes.elem_bytes, box_a=list(boxes.box_a), box_b=list(boxes.box_b),
+               swizzle="128B", oob_fill="zeros", cluster=[1, boxes.cluster, 1],
+               arguments=[a.describe() for a in TMA_ARGUMENTS])
+    if boxes.stored is not None:    # the stored words: 4-byte elements, unswizzled boxes of the raw tile
+        out.update(b_elem_bytes=boxes.b_elem_bytes, b_swizzle="none")
     return out
 
 
@@ -72,11 +49,12 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
     except planner.PlanError as e:
         raise UserError(f"{spec.name}: {e}") from None
     buckets = {str(M): M} if M else {label: representative_M(label) for _, _, label in BUCKETS}
+    sms = hw.planned_device(arch).sms       # no GPU to ask: the device the arch is planned for
     kernels: Dict[str, dict] = {}
     dispatch = {}
     written: List[Path] = []
     for label, m in buckets.items():
-        cfg = planner.heuristic(spec, arch, m, N, K)
+        cfg = planner.heuristic(spec, arch, m, N, K, sms)
         dispatch[label] = cfg.name
         if cfg.name in kernels:
             continue
@@ -85,12 +63,11 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
             stem = cfg.name if stage_cfg.family != "dequant" else f"{cfg.name}.{stage_cfg.name}"
             written += _write(out, stem, c)
             launches.append(dict(
-                entry=c.name, source=f"{stem}.cu", cubin=f"{stem}.{_target(c)}.cubin",
-                target=_target(c),   # sm_90a cubins (wgmma) run on compute capability 9.0 only
-                config=stage_cfg.to_dict(), block=[c.geometry["threads"], 1, 1],
-                dynamic_smem=planner.launch_smem(c.geometry, stage_cfg, K),
-                grid=_grid_rule(stage_cfg, c.geometry), ptxas=c.resources,
-                **({"tma": _tma_launch(stage_cfg, c.geometry)} if c.geometry.get("tma") else {})))
+                entry=c.name, source=f"{stem}.cu", cubin=f"{stem}.{c.plan.target}.cubin",
+                target=c.plan.target,   # sm_90a cubins (wgmma) run on compute capability 9.0 only
+                config=stage_cfg.to_dict(), block=[c.plan.threads, 1, 1],
+                dynamic_smem=c.plan.smem_at(K), grid=c.plan.grid.text(), ptxas=c.resources,
+                **({"tma": _tma_launch(c.plan.tma)} if c.plan.tma else {})))
         *before, kernels[cfg.name] = launches
         if before:
             # Launched first, on the same stream: writes the dense [N, K] weights
@@ -100,36 +77,20 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
                 nvrtc=nvrtc_version(), N=N, K=K,
                 alignment=f"K % {planner.K_ALIGN} == 0, N % {planner.N_ALIGN} == 0, "
                           "K % group == 0 (see docs/spec.md)",
-                arguments=[dict(name=n, type=t, doc=d) for n, t, d in ARGUMENTS],
+                arguments=[a.describe() for a in ARGUMENTS],
                 dispatch=dispatch, kernels=kernels)
     p = out / "plan.json"
     p.write_text(json.dumps(plan, indent=1) + "\n")
     return written + [p]
 
 
-def _target(c) -> str:
-    """The NVRTC target a kernel was compiled for (sm_90a for wgmma kernels)."""
-    return c.geometry.get("target", c.arch)
-
-
 def _write(out: Path, stem: str, c) -> List[Path]:
-    """The generated source and its cubin, side by side."""
-    cu, cb = out / f"{stem}.cu", out / f"{stem}.{_target(c)}.cubin"
+    """The generated source and its cubin (named for its NVRTC target: sm_90a
+    for wgmma kernels), side by side."""
+    cu, cb = out / f"{stem}.cu", out / f"{stem}.{c.plan.target}.cubin"
     cu.write_text(c.source)
     cb.write_bytes(c.cubin)
     return [cu, cb]
-
-
-def _grid_rule(cfg: planner.Config, geom: dict) -> str:
-    if cfg.family == "gemm" and cfg.cluster > 1:
-        return f"[ceil(N/{cfg.BN}), ceil(M/{cfg.BM}) rounded up to a multiple of {cfg.cluster}, 1]"
-    if cfg.family == "gemm":
-        return f"[ceil(N/{cfg.BN}), ceil(M/{cfg.BM}), {cfg.split_k}]"
-    if cfg.family == "dequant":
-        return f"[ceil(N/{cfg.BN}), {planner.DEQUANT_KSPLIT}, 1]"
-    if geom["scheme"] == "row":
-        return f"[ceil(N/{cfg.warps * (16 if cfg.tc else cfg.cols)}), {cfg.split_k}, 1]"
-    return f"[ceil(N/{geom['vec'].n_extent}/32), {cfg.split_k}, 1]"
 
 
 def _build_quantize(spec: Spec, out: Path, arch: str) -> List[Path]:
@@ -138,7 +99,7 @@ def _build_quantize(spec: Spec, out: Path, arch: str) -> List[Path]:
     cu, cb = _write(out, name, c)
     plan = dict(opgen=__version__, spec=spec.name, spec_hash=spec.content_hash(), arch=arch,
                 kernels={name: dict(entry=name, source=cu.name, cubin=cb.name,
-                                    block=[c.geometry["threads"], 1, 1], grid="[M, 1, 1]",
+                                    block=[c.plan.threads, 1, 1], grid=c.plan.grid.text(),
                                     ptxas=c.resources)},
                 alignment="K % 8 == 0",
                 arguments=[dict(name="x", type="const void*", doc="input [M, K]"),

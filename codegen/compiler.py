@@ -14,15 +14,22 @@ from __future__ import annotations
 import functools
 import glob
 import hashlib
+import multiprocessing
 import os
 import re
+import shutil
+import subprocess
 import sys
 import tempfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import List, Optional
 
-from .. import __version__
+import jinja2
+
+from .version import __version__
 from . import planner, render
 from .spec import Spec
 
@@ -37,8 +44,13 @@ class Compiled:
     name: str
     source: str
     log: str
-    geometry: dict
+    plan: planner.Launch      # how it is launched (planner.plan)
     arch: str
+
+    @property
+    def geometry(self) -> dict:
+        """The template constants it was rendered from (the plan's)."""
+        return self.plan.consts
 
     @property
     def resources(self) -> dict:
@@ -130,15 +142,23 @@ def nvrtc_compile(source: str, name: str, arch: str) -> tuple[bytes, str]:
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
     """Hash of every file the CUDA source is generated from: the codegen
-    modules and the templates (and the Jinja version that renders them)."""
-    import jinja2
-    from importlib import resources
+    modules (subpackages too: planner/) and the templates (and the Jinja
+    version that renders them)."""
     h = hashlib.sha256(jinja2.__version__.encode())
     for pkg in ("opgen.codegen", "opgen.templates"):
-        for f in sorted(resources.files(pkg).iterdir(), key=lambda f: f.name):
-            if f.is_file() and not f.name.endswith(".pyc"):
-                h.update(f.name.encode() + b"\0" + f.read_bytes())
+        for name, data in _package_files(resources.files(pkg)):
+            h.update(name.encode() + b"\0" + data)
     return h.hexdigest()
+
+
+def _package_files(root, prefix: str = ""):
+    """(path under root, bytes) of every file below root, subfolders
+    included, in a fixed order; no bytecode."""
+    for f in sorted(root.iterdir(), key=lambda f: f.name):
+        if f.is_dir() and f.name != "__pycache__":
+            yield from _package_files(f, f"{prefix}{f.name}/")
+        elif f.is_file() and not f.name.endswith(".pyc"):
+            yield prefix + f.name, f.read_bytes()
 
 
 def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
@@ -149,20 +169,21 @@ def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
         raise ValueError(f"{cfg.name} launches several kernels: use compile_config")
     source = None
     if spec.op == "quantize":
-        source, geometry = render.render_quantize(spec, arch)
-        name = geometry["name"]
+        plan = planner.quantize_plan(arch)
+        source, g = render.render_quantize(spec, arch, plan.threads)
+        name = g["name"]
     else:
-        name, geometry = render.kernel_name(spec, cfg), planner.geometry(spec, cfg, arch)
-    target = geometry.get("target", arch)     # e.g. sm_90a for wgmma kernels
+        name, plan = render.kernel_name(spec, cfg), planner.plan(spec, cfg, arch)
+    target = plan.target                      # e.g. sm_90a for wgmma kernels
     key = hashlib.sha256("\0".join(
         [code_fingerprint(), repr(spec), repr(cfg), arch, " ".join(options(target)),
          nvrtc_version(), __version__]).encode()).hexdigest()[:32]
     path = cache_dir() / f"{name}-{arch}-{key}.cubin"
     log_path, src_path = path.with_suffix(".log"), path.with_suffix(".cu")
     if use_cache and path.exists() and log_path.exists() and src_path.exists():
-        return Compiled(path.read_bytes(), name, src_path.read_text(), log_path.read_text(), geometry, arch)
+        return Compiled(path.read_bytes(), name, src_path.read_text(), log_path.read_text(), plan, arch)
     if source is None:
-        source, _ = render.render(spec, cfg, arch)
+        source, _ = render.render(spec, cfg, arch, plan=plan)
     cubin, log = nvrtc_compile(source, name, target)
     res = parse_ptxas(log)
     if res.get("spill_bytes", 0) > 0 or res.get("stack", 0) > 0:
@@ -174,7 +195,7 @@ def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
         _atomic_write(log_path, log.encode())
         _atomic_write(src_path, source.encode())
         _atomic_write(path, cubin)
-    return Compiled(cubin, name, source, log, geometry, arch)
+    return Compiled(cubin, name, source, log, plan, arch)
 
 
 def compile_config(spec: Spec, cfg: Optional[planner.Config], arch: str) -> List[Compiled]:
@@ -206,7 +227,6 @@ def parse_ptxas(log: str) -> dict:
 
 
 def find_nvdisasm() -> Optional[str]:
-    import shutil
     for base in sys.path:
         for sub in ("nvidia/cu13/bin/nvdisasm", "nvidia/cuda_nvdisasm/bin/nvdisasm"):
             p = os.path.join(base, sub)
@@ -217,7 +237,6 @@ def find_nvdisasm() -> Optional[str]:
 
 def disassemble(cubin: bytes) -> str:
     """SASS text of a cubin (nvdisasm from the `sass` extra or the toolkit)."""
-    import subprocess
     tool = find_nvdisasm()
     if tool is None:
         raise CompileError("nvdisasm not found: pip install 'opgen[sass]'")
@@ -241,8 +260,6 @@ def compile_many(jobs, workers: Optional[int] = None):
     Yields (job, None | why it failed) as each finishes. NVRTC is CPU work, so a
     process pool scales with cores; 'spawn' because the parent may hold a CUDA
     context, which must not be forked."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
     jobs = list(jobs)
     workers = workers or os.cpu_count() or 1
     if workers <= 1 or len(jobs) <= 1:

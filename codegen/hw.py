@@ -1,12 +1,20 @@
-"""Hardware facts as data: per-arch limits and the tensor-core shapes we use.
+"""Hardware facts and measured calibration as data: per-arch limits, the
+tensor-core shapes we use, the devices we plan for and what was measured on
+them.
 
 Everything the planner and the templates need to know about a GPU lives here,
-so that supporting a new arch means adding a row, not branches in code.
+so that supporting a new arch or device means adding a row, not branches in
+code. Each measured constant names where its evidence is told
+(docs/performance.md, by section).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Mapping, Tuple
+
+# The most registers ptxas gives one thread, and threads one block may have.
+MAX_REGS_PER_THREAD = 255
+MAX_THREADS_PER_BLOCK = 1024
 
 
 @dataclass(frozen=True)
@@ -20,6 +28,12 @@ class Arch:
     fp8_mma: bool             # mma.sync ...e4m3 exists (sm_89+)
     wgmma: bool = False       # warpgroup MMA from shared memory (sm_90a)
     tma: bool = False         # TMA tensor copies, mbarrier tx counts, clusters (sm_90a)
+
+    def launch_reg_cap(self, threads: int) -> int:
+        """ptxas's register cap per thread under __launch_bounds__(threads, 1):
+        the register file over whole warpgroups, in steps of 8 (measured: 288
+        threads -> 168. Source: docs/performance.md#tma-gemm)."""
+        return min(MAX_REGS_PER_THREAD, self.regs_per_sm // (-(-threads // 128) * 128) // 8 * 8)
 
 
 ARCHS = {
@@ -92,3 +106,79 @@ def arch_from_cc(major: int, minor: int) -> Arch:
     if not known:
         raise ValueError(f"compute capability {major}.{minor} is too old (need sm_80+)")
     return known[-1]
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU model: what the planner's launch-size rules need of it (the
+    runtime asks the device itself: runtime/device.sm_count())."""
+    name: str
+    arch: str
+    sms: int                  # streaming multiprocessors
+
+
+DEVICES = {"H200": Device("H200", "sm_90", 132)}
+# The device each arch is planned for where no GPU is asked (`opgen build`):
+# the H200, the one device measured, for every arch (the calibration below is
+# its; SM counts of other devices would change the older arches' picks).
+PLANNED_DEVICE = {name: "H200" for name in ARCHS}
+
+
+def planned_device(arch: str) -> Device:
+    """The device `arch` is planned for without a GPU to ask (PLANNED_DEVICE)."""
+    try:
+        return DEVICES[PLANNED_DEVICE[arch]]
+    except KeyError:
+        raise ValueError(f"unknown arch {arch!r} (allowed: {', '.join(PLANNED_DEVICE)})") from None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Constants the planner's rules take from measurements on one device."""
+    # Bytes of weights each GEMV thread keeps in flight.
+    gemv_bytes_in_flight: int
+    # Relative per-SM speed of the TMA GEMM's tile shapes (BM, BN).
+    tma_tile_speed: Mapping[Tuple[int, int], float]
+    # M from which the heuristic takes a predecode config, by what the fused
+    # GEMM pays per decoded tile (planner.heuristic.predecode_from).
+    predecode_m: Mapping[str, int]
+    # Registers an MMA thread of the rs GEMM takes, by (BK, BM); and with
+    # integer zero points.
+    rs_regs: Mapping[Tuple[int, int], int]
+    rs_regs_int_zero: Mapping[Tuple[int, int], int]
+
+
+H200 = Calibration(
+    # 8 x 16-byte loads: at the ~16 resident warps per SM of a one-wave grid,
+    # 64 KB per SM, about twice what Little's law asks of HBM3e (4.3 TB/s x
+    # ~1 us / 132 SMs). Source: docs/performance.md#gemv
+    gemv_bytes_in_flight=128,
+    # Larger tiles move fewer bytes per flop; fitted by hand so that the
+    # heuristic's TMA score picks the tuned winners' tile in most records of the
+    # five bench shapes. Source: docs/performance.md#tma-gemm
+    tma_tile_speed={(128, 256): 1.0, (128, 128): 0.9, (64, 256): 0.85, (64, 128): 0.75, (64, 64): 0.6},
+    # Without a fused wgmma path (AWQ's [K, N] words) and with zero points
+    # loaded per group (GPTQ, w1a16) predecode wins from M = 256; for the
+    # other decoded formats the fused GEMM still wins at 256 and predecode
+    # from 512; the rs GEMM (4-bit codes in the interleaved order) beat
+    # predecode at M = 1024 at all five bench shapes. Source: docs/performance.md#predecode
+    predecode_m={"no_fused_wgmma": 256, "zero_points": 256, "other": 512, "rs_gemm": 2048},
+    # The most ptxas gave w4a16_sym over blocks, ring depths and k-groups
+    # (tests/codegen/test_compiler.py keeps these upper bounds true).
+    # Source: docs/performance.md#rs-gemm
+    rs_regs={(64, 16): 72, (64, 32): 82, (64, 64): 96, (64, 128): 125, (64, 256): 185,
+             (128, 16): 95, (128, 32): 96, (128, 64): 124, (128, 128): 159},
+    # The GPTQ *_repacked specs (two more items in flight per row, their
+    # addresses): the most ptxas took under the caps of one and two MMA
+    # warpgroups, except at (128, 16), where every config fits four
+    # warpgroups' cap of 96 without spilling (it takes up to 117 where it may).
+    # Four 128-deep k-groups of 32 rows and up do not fit. Source: docs/performance.md#rs-gemm
+    rs_regs_int_zero={(64, 16): 91, (64, 32): 93, (64, 64): 107, (64, 128): 140, (64, 256): 205,
+                      (128, 16): 96, (128, 32): 127, (128, 64): 128, (128, 128): 167},
+)
+CALIBRATION = {"H200": H200}
+
+
+def calibration(arch: str) -> Calibration:
+    """What the planner's rules for `arch` were measured on (its planned device)."""
+    return CALIBRATION[planned_device(arch).name]

@@ -12,6 +12,8 @@ import functools
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+import numpy as np
+
 from .spec import (CONTAINER_BITS, WEIGHT_CODES, Spec, codes_per_container,
                    weight_code)
 
@@ -64,7 +66,7 @@ class Numerics:
     a_decode: bool           # activations widened (fp8 -> fp16) in shared memory
     a_row_scale: bool
     scale_dtype: Optional[str]
-    scale_native: bool            # scales stored in compute_t (the swapped GEMM loads them as they are)
+    scale_native: bool            # scales stored in compute_t (the rs GEMM loads them as they are)
     scale_gran: Optional[str]     # group | channel | tensor | None
     scale_layout: str
     group: int                    # K elements per scale (K for channel: set at launch)
@@ -293,19 +295,18 @@ def decode_plan(lay: Layout, num: Numerics, pair_table: bool = False) -> Decode:
 
 
 def _f16_bits(v: float) -> int:
-    import numpy as np
     return int(np.array(v, np.float16).view(np.uint16))
 
 
 def _bf16_bits(v: float) -> int:
-    import numpy as np
     return int(np.array(v, np.float32).view(np.uint32)) >> 16
 
 
 # --- GEMV: how one decoded vector meets the activations -----------------------
 
 # fp16x2 products summed per accumulator lane before the fp32 flush: bounds the
-# rounding drift and the overflow risk to what the v0 row GEMV accepted.
+# rounding drift and the overflow risk to what the first row GEMV accepted
+# (docs/performance.md#gemv).
 MAC_RUN = 16
 
 
@@ -378,7 +379,7 @@ def zero_sub_bits(num: Numerics, dec: "Decode", zero_bits: int) -> Optional[int]
     """The bits of magic + bias + offset, when adding a zero code z to them
     gives the bits of magic + bias + offset + z for every code (all of them
     in the binade where the compute type steps by 1: fp16 [1024, 2048), bf16
-    [128, 256)): the swapped GEMM's per-row subtract is then an integer add
+    [128, 256)): the rs GEMM's per-row subtract is then an integer add
     and a multiply by 0x10001 (the value in both halves). None otherwise."""
     if not fold_zero(num, dec, zero_bits):
         return None

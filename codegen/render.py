@@ -6,12 +6,29 @@ from importlib import resources
 
 import jinja2
 
-from . import hw, planner
+from . import hw, kernel_args, planner
 from .lower import decode_plan, fold_zero, magic_split, numerics, weight_layout, zero_sub_bits
 from .spec import WEIGHT_CODES, Spec
 
-TEMPLATES = {"gemm": "gemm.cu.j2", "gemv": "gemv.cu.j2", "dequant": "dequant.cu.j2",
-             "quantize": "quantize.cu.j2"}
+# Each kind of kernel and its template (one kernel per template).
+TEMPLATES = {
+    "gemm": "gemm.cu.j2",            # tensor-core GEMM: cp.async ring, mma.sync or wgmma
+    "gemm_tma": "gemm_tma.cu.j2",    # warp-specialized GEMM: TMA ring, wgmma (Config.tma)
+    "gemm_rs": "gemm_rs.cu.j2",      # rs GEMM: 4-bit weights decoded into wgmma's register operand
+    "gemv_row": "gemv_row.cu.j2",    # SIMT GEMV, weights stored [N, K]
+    "gemv_tc": "gemv_tc.cu.j2",      # tensor-core GEMV, weights stored [N, K] (Config.tc)
+    "gemv_col": "gemv_col.cu.j2",    # SIMT GEMV, weights stored [K, N]
+    "dequant": "dequant.cu.j2",      # a predecode config's first stage
+    "quantize": "quantize.cu.j2",    # op quantize
+}
+# The probes each kind has: named hooks, each taking one part of the kernel
+# out (bench/ablate.py times what is left; the results are then wrong). Each
+# is described in its template's header.
+PROBES = {
+    "gemm_rs": frozenset({"w_l2", "no_a", "no_w", "no_scales", "no_decode", "no_mma",
+                          "lds_quarter", "no_lds", "spin"}),
+    "gemv_row": frozenset({"no_mac", "no_stage"}),
+}
 
 
 def _template_text(name: str) -> str:
@@ -27,11 +44,19 @@ def _env() -> jinja2.Environment:
     )
     # Plain C++ headers are pasted verbatim (their asm braces are not Jinja).
     env.globals["raw"] = _template_text
+    # Every kernel's signature: {{ kernel_name }}({{ kernel_params(ARGUMENTS) }}).
+    env.globals.update(kernel_params=kernel_args.kernel_params, ARGUMENTS=kernel_args.ARGUMENTS,
+                       TMA_ARGUMENTS=kernel_args.TMA_ARGUMENTS)
     return env
 
 
 def kernel_name(spec: Spec, cfg: planner.Config) -> str:
     return f"opgen_{spec.name}_{cfg.name}"
+
+
+def kernel_probes(spec: Spec, cfg: planner.Config, arch: str) -> frozenset:
+    """The probes the kernel of a single-kernel config has (PROBES)."""
+    return PROBES.get(planner.plan(spec, cfg, arch).kind, frozenset())
 
 
 def _zero_context(num) -> dict:
@@ -57,10 +82,19 @@ def _magic_pair(dec, f16: bool, shift: int) -> dict:
                 off=repr(dec.magic_base / 2 ** u + dec.sub_value - dec.magic_base))
 
 
-def render(spec: Spec, cfg: planner.Config, arch: str) -> tuple[str, dict]:
-    """CUDA source and the launch geometry (dict from planner.geometry) of a
-    single-kernel config (a predecode config renders as its planner.stages)."""
-    g = planner.geometry(spec, cfg, arch)
+def render(spec: Spec, cfg: planner.Config, arch: str, probes: frozenset = frozenset(),
+           plan: planner.Launch | None = None) -> tuple[str, dict]:
+    """CUDA source and the template constants (the plan's consts) of a
+    single-kernel config (a predecode config renders as its planner.stages),
+    from its launch plan (planner.plan, unless given). probes: the kernel
+    with those parts taken out (PROBES; a probe its kind does not have is an
+    error); none: the kernel that ships."""
+    plan = plan or planner.plan(spec, cfg, arch)
+    g, kind = plan.consts, plan.kind
+    unknown = set(probes) - PROBES.get(kind, frozenset())
+    if unknown:
+        raise ValueError(f"the {kind} kernel has no probe {', '.join(sorted(unknown))} "
+                         f"(it has: {', '.join(sorted(PROBES.get(kind, ()))) or 'none'})")
     num = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma)
     lay = weight_layout(spec)
     dec = g.get("dec") or decode_plan(lay, num)     # the GEMV may pair codes by byte
@@ -72,11 +106,9 @@ def render(spec: Spec, cfg: planner.Config, arch: str) -> tuple[str, dict]:
         magic_pair=functools.partial(_magic_pair, dec, num.compute_t == "half"),
         zero_fold=fold_zero(num, dec, zc["zero_bits"]),
         zero_sub=zero_sub_bits(num, dec, zc["zero_bits"]),
-        **zc,
+        probes=frozenset(probes), **zc,
     )
-    template = ("gemm_rs.cu.j2" if g.get("rs") else "gemm_tma.cu.j2" if g.get("tma")
-                else TEMPLATES[cfg.family])
-    src = _env().get_template(template).render(**ctx)
+    src = _env().get_template(TEMPLATES[kind]).render(**ctx)
     return src, g
 
 

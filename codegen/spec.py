@@ -1,6 +1,6 @@
 """The spec model: what a validated operator spec holds.
 
-`codegen.validate.load_spec` turns YAML into these frozen dataclasses (or a
+`codegen.resolve.load_spec` turns YAML into these frozen dataclasses (or a
 list of `SpecError`s); everything downstream (reference semantics, planner,
 templates, runtime) reads only these objects, never raw YAML.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Optional, Tuple, Union
+from typing import Dict, Optional, Tuple
 
 # --- vocabulary ---------------------------------------------------------------
 ACT_DTYPES = ("float16", "bfloat16", "int8", "float8_e4m3")
@@ -240,3 +240,17 @@ def zero_shape(w: Weight, N: int, K: int) -> Tuple[int, ...]:
     out = list(shp)
     out[axis] //= P
     return tuple(out)
+
+
+def stored_shapes(spec: Spec, N: int, K: int) -> Dict[str, Tuple[int, ...]]:
+    """The stored weight tensors of `spec` at N x K and their shapes: "qweight"
+    always, "scales" when the weights have a scale, "zeros" for float and int
+    zero points (in containers where packed).  What the kernels read, the
+    reference draws and a checkpoint must hold."""
+    w = spec.b
+    out = {"qweight": tuple(weight_storage_shape(w, N, K))}
+    if w.scale is not None:
+        out["scales"] = tuple(scale_shape(w.scale, N, K))
+    if w.zero.kind in ("float", "int"):
+        out["zeros"] = tuple(zero_shape(w, N, K))
+    return out

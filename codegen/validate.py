@@ -1,38 +1,35 @@
-"""YAML spec -> validated, frozen `Spec` (or every problem, with its line).
+"""Plain spec data -> validated, frozen `Spec` (or every problem, with its line).
 
 Public API:
-    load_spec(path_or_text, filename=None) -> Spec        raises SpecErrors
-    spec_from_dict(d, filename="<dict>") -> Spec          same checks, no lines
-    spec_to_yaml_dict(spec) -> dict                        canonical YAML form
-    resolve_spec(arg) -> Path                              file path or shipped name
-    shipped_specs() -> {name: Path}                        specs in opgen.specs
+    spec_from_dict(d, filename="<dict>") -> Spec          raises SpecErrors
+    validate_data(data, ctx) -> Spec                      same, lines from parse_yaml
     specialize_shape(spec, M=None, N=None, K=None) -> Shape   fix sizes, re-checked
 
-The checks are written as data-driven field readers (`_Reader`) plus a list
-of consistency rules; every problem becomes one `SpecError` pointing at the
+The checks are field readers (yaml_source.Reader and the readers below) plus
+consistency rules; every problem becomes one `SpecError` pointing at the
 line of the offending field (or of its nearest ancestor that exists in the
-file), and all of them are reported together.
+file), and all of them are reported together.  Reading the YAML text is
+yaml_source.py's, finding a spec (file, shipped name) resolve.py's, writing
+one back canonical.py's.
 
 The language is documented in docs/spec.md.
 """
 from __future__ import annotations
 
 import math
-import os
 import re
-from importlib import resources
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Optional
 
-import yaml
-from yaml.nodes import MappingNode, ScalarNode, SequenceNode
-
-from .errors import SpecError, SpecErrors, UserError
+from .canonical import spec_to_yaml_dict
+from .errors import SpecErrors, UserError
 from .spec import (
     ACCUMULATE, ACT_DTYPES, ACTIVATIONS, AXES, CONTAINER_BITS, CONTAINERS,
     FLOAT_ZERO_DTYPES, FORMULAS, INT_ZERO_DTYPES, LAYOUTS, OPS, OUT_DTYPES,
     SCALE_DTYPES, SCALE_LAYOUTS, WEIGHT_CODES, WEIGHT_DTYPES, ZERO_KINDS,
     Activation, Epilogue, Output, Pack, Scale, Shape, Spec, Weight, Zero,
+)
+from .yaml_source import (
+    BAD, Ctx, PathT, Reader, allowed_values, is_int, ok, show,
 )
 
 FORMAT_VERSION = 1
@@ -60,240 +57,29 @@ EPILOGUE_KEYS = ("bias", "activation")
 
 DEFAULT_FORMULA = FORMULAS[0]
 
-PathT = Tuple[Union[str, int], ...]
-
-
-class _Bad:
-    """Marker for a field that is present but invalid (already reported)."""
-
-    def __repr__(self) -> str:
-        return "<invalid>"
-
-
-BAD = _Bad()
 _MISSING = object()
 
 
-def _ok(*vals) -> bool:
-    return all(v is not BAD for v in vals)
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _show(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, str):
-        return repr(v)
-    if isinstance(v, dict):
-        return "a mapping"
-    if isinstance(v, list):
-        return "a list"
-    return str(v)
-
-
-def _allowed(vals) -> str:
-    return "(allowed: " + ", ".join(str(v) for v in vals) + ")"
-
-
-def _dotted(path: PathT) -> str:
-    return ".".join(str(p) for p in path) if path else "spec"
-
-
-# --- YAML with line numbers ---------------------------------------------------
-
-class _Ctx:
-    def __init__(self, filename: str, lines: Dict[PathT, int], default_line: int = 0):
-        self.file = filename
-        self.lines = lines
-        self.default_line = default_line
-        self.errors: List[SpecError] = []
-
-    def line(self, path: PathT) -> int:
-        p = tuple(path)
-        while p not in self.lines and p:
-            p = p[:-1]
-        return self.lines.get(p, self.default_line)
-
-    def err(self, path: PathT, message: str) -> None:
-        e = SpecError(self.file, self.line(path), _dotted(path), message)
-        if e not in self.errors:
-            self.errors.append(e)
-
-    def raise_if_any(self) -> None:
-        if self.errors:
-            errs = sorted(self.errors, key=lambda e: e.line)   # stable
-            raise SpecErrors(errs)
-
-
-def _node_to_py(node, path: PathT, lines: Dict[PathT, int], ctx: _Ctx, loader):
-    if isinstance(node, MappingNode):
-        out: Dict[Any, Any] = {}
-        for knode, vnode in node.value:
-            if isinstance(knode, ScalarNode):
-                key = loader.construct_object(knode, deep=True)
-            else:
-                key = "<complex key>"
-            try:
-                hash(key)
-            except TypeError:  # pragma: no cover - scalars are hashable
-                key = str(key)
-            p = path + (key,)
-            kline = knode.start_mark.line + 1
-            if key in out:
-                ctx.errors.append(SpecError(ctx.file, kline, _dotted(p),
-                                            f"duplicate key {_show(key)} (first given on "
-                                            f"line {lines[p]})"))
-                continue
-            lines[p] = kline
-            out[key] = _node_to_py(vnode, p, lines, ctx, loader)
-        return out
-    if isinstance(node, SequenceNode):
-        items = []
-        for i, item in enumerate(node.value):
-            lines[path + (i,)] = item.start_mark.line + 1
-            items.append(_node_to_py(item, path + (i,), lines, ctx, loader))
-        return items
-    return loader.construct_object(node, deep=True)
-
-
-def _parse_yaml(text: str, filename: str) -> Tuple[Any, _Ctx]:
-    lines: Dict[PathT, int] = {}
-    ctx = _Ctx(filename, lines, default_line=1)
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = mark.line + 1 if mark is not None else 1
-        msg = " ".join(str(x) for x in (e.context, e.problem) if x) or "malformed YAML"
-        raise SpecErrors([SpecError(filename, line, "yaml", f"malformed YAML: {msg}")])
-    except yaml.YAMLError as e:
-        raise SpecErrors([SpecError(filename, 1, "yaml", f"malformed YAML: {e}")])
-    if root is None:
-        raise SpecErrors([SpecError(filename, 1, "spec",
-                                    "empty document; expected a mapping of spec fields")])
-    lines[()] = root.start_mark.line + 1
-    loader = yaml.SafeLoader("")
-    try:
-        data = _node_to_py(root, (), lines, ctx, loader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = mark.line + 1 if mark is not None else 1
-        raise SpecErrors([SpecError(filename, line, "yaml", f"malformed YAML: {e.problem}")])
-    finally:
-        loader.dispose()
-    return data, ctx
-
-
-# --- field readers --------------------------------------------------------------
-
-class _Reader:
-    """Reads fields of one mapping, reporting problems into ctx.
-
-    Each getter returns the value, the default when absent, or BAD when the
-    field is present but wrong (already reported)."""
-
-    def __init__(self, ctx: _Ctx, m: Optional[dict], path: PathT):
-        self.ctx, self.m, self.path = ctx, m, path
-
-    @classmethod
-    def mapping(cls, ctx: _Ctx, value, path: PathT, keys: Tuple[str, ...],
-                required: Tuple[str, ...] = ()) -> Optional["_Reader"]:
-        if not isinstance(value, dict):
-            ctx.err(path, f"must be a mapping with keys {', '.join(keys)}; got {_show(value)}")
-            return None
-        for k in value:
-            if k not in keys:
-                ctx.err(path + (k,), f"unknown key {_show(k)} {_allowed(keys)}")
-        for k in required:
-            if k not in value:
-                ctx.err(path + (k,), "required field missing")
-        return cls(ctx, value, path)
-
-    def has(self, key: str) -> bool:
-        return key in self.m
-
-    def p(self, key: str) -> PathT:
-        return self.path + (key,)
-
-    def raw(self, key: str, default=None):
-        return self.m.get(key, default)
-
-    def choice(self, key: str, allowed, default=None, what: str = "value"):
-        if key not in self.m:
-            return default
-        v = self.m[key]
-        if not isinstance(v, str) or v not in allowed:
-            self.ctx.err(self.p(key), f"{_show(v)} is not a valid {what} {_allowed(allowed)}")
-            return BAD
-        return v
-
-    def pos_int_or_word(self, key: str, words, default=None, what: str = "size"):
-        if key not in self.m:
-            return default
-        v = self.m[key]
-        if (_is_int(v) and v > 0) or (isinstance(v, str) and v in words):
-            return v
-        self.ctx.err(self.p(key), f"{_show(v)} is not a valid {what} "
-                                  f"(allowed: a positive integer, {', '.join(words)})")
-        return BAD
-
-    def integer(self, key: str, default=None, lo=None, hi=None):
-        if key not in self.m:
-            return default
-        v = self.m[key]
-        if not _is_int(v):
-            self.ctx.err(self.p(key), f"must be an integer; got {_show(v)}")
-            return BAD
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-            self.ctx.err(self.p(key), f"{v} is out of range (allowed: {rng})")
-            return BAD
-        return v
-
-    def boolean(self, key: str, default=False):
-        if key not in self.m:
-            return default
-        v = self.m[key]
-        if not isinstance(v, bool):
-            self.ctx.err(self.p(key), f"must be true or false; got {_show(v)}")
-            return BAD
-        return v
-
-    def string(self, key: str, default=None):
-        if key not in self.m:
-            return default
-        v = self.m[key]
-        if not isinstance(v, str):
-            self.ctx.err(self.p(key), f"must be a string; got {_show(v)}")
-            return BAD
-        return v
-
-
-def _read_pack(ctx: _Ctx, value, path: PathT):
+def _read_pack(ctx: Ctx, value, path: PathT):
     """-> dict(container, axis, order|None) or BAD. Order is checked later."""
-    r = _Reader.mapping(ctx, value, path, PACK_KEYS, required=("container", "axis"))
+    r = Reader.mapping(ctx, value, path, PACK_KEYS, required=("container", "axis"))
     if r is None:
         return BAD
     container = r.choice("container", CONTAINERS, what="pack container")
     axis = r.choice("axis", AXES, what="pack axis")
     order = r.raw("order", None)
     if "order" in r.m:
-        if not isinstance(order, list) or not all(_is_int(x) for x in order):
-            ctx.err(r.p("order"), f"must be a list of integers; got {_show(order)}")
+        if not isinstance(order, list) or not all(is_int(x) for x in order):
+            ctx.err(r.p("order"), f"must be a list of integers; got {show(order)}")
             order = BAD
         else:
             order = tuple(order)
-    if not r.has("container") or not r.has("axis") or not _ok(container, axis, order):
+    if not r.has("container") or not r.has("axis") or not ok(container, axis, order):
         return BAD
     return {"container": container, "axis": axis, "order": order}
 
 
-def _check_pack(ctx: _Ctx, pk: dict, bits: int, path: PathT, what: str) -> Optional[Pack]:
+def _check_pack(ctx: Ctx, pk: dict, bits: int, path: PathT, what: str) -> Optional[Pack]:
     """Check container/order against the code width; -> Pack or None."""
     cbits = CONTAINER_BITS[pk["container"]]
     if cbits % bits:
@@ -313,24 +99,24 @@ def _check_pack(ctx: _Ctx, pk: dict, bits: int, path: PathT, what: str) -> Optio
     return Pack(pk["container"], pk["axis"], tuple(order))
 
 
-def _read_scale(ctx: _Ctx, value, path: PathT):
-    r = _Reader.mapping(ctx, value, path, SCALE_KEYS, required=("dtype", "group"))
+def _read_scale(ctx: Ctx, value, path: PathT):
+    r = Reader.mapping(ctx, value, path, SCALE_KEYS, required=("dtype", "group"))
     if r is None:
         return BAD
     dtype = r.choice("dtype", SCALE_DTYPES, what="scale dtype")
     group = r.pos_int_or_word("group", SCALE_GROUP_WORDS, what="scale group")
     layout = r.choice("layout", SCALE_LAYOUTS, default="kn", what="scale layout")
-    if not r.has("dtype") or not r.has("group") or not _ok(dtype, group, layout):
+    if not r.has("dtype") or not r.has("group") or not ok(dtype, group, layout):
         return BAD
-    if _is_int(group):
+    if is_int(group):
         return Scale(dtype, "group", group, layout)
     # layout only matters for a [K/G, N] table; keep the canonical default
     return Scale(dtype, group, None, "kn")
 
 
-def _read_zero(ctx: _Ctx, value, path: PathT):
+def _read_zero(ctx: Ctx, value, path: PathT):
     """-> dict(kind, dtype, pack(raw dict|None), offset, value) or BAD."""
-    r = _Reader.mapping(ctx, value, path, ZERO_KEYS, required=("kind",))
+    r = Reader.mapping(ctx, value, path, ZERO_KEYS, required=("kind",))
     if r is None or not r.has("kind"):
         return BAD
     kind = r.choice("kind", ZERO_KINDS, what="zero kind")
@@ -353,19 +139,19 @@ def _read_zero(ctx: _Ctx, value, path: PathT):
         out["value"] = v
     elif kind == "float":
         if not r.has("dtype"):
-            ctx.err(r.p("dtype"), f"required field missing {_allowed(FLOAT_ZERO_DTYPES)}")
+            ctx.err(r.p("dtype"), f"required field missing {allowed_values(FLOAT_ZERO_DTYPES)}")
             bad = True
         d = r.choice("dtype", FLOAT_ZERO_DTYPES, what="float zero dtype")
         bad |= d is BAD
         out["dtype"] = d
     elif kind == "int":
         if not r.has("dtype"):
-            ctx.err(r.p("dtype"), f"required field missing {_allowed(INT_ZERO_DTYPES)}")
+            ctx.err(r.p("dtype"), f"required field missing {allowed_values(INT_ZERO_DTYPES)}")
             bad = True
         d = r.choice("dtype", INT_ZERO_DTYPES, what="int zero dtype")
         off = r.integer("offset", 0)
         pk = _read_pack(ctx, r.raw("pack"), r.p("pack")) if r.has("pack") else None
-        bad |= not _ok(d, off, pk)
+        bad |= not ok(d, off, pk)
         out.update(dtype=d, offset=off, pack=pk)
         if d is not BAD and d is not None:
             zbits = WEIGHT_CODES[d].bits
@@ -385,7 +171,7 @@ def _read_zero(ctx: _Ctx, value, path: PathT):
     return BAD if bad else out
 
 
-def _read_formula(r: _Reader):
+def _read_formula(r: Reader):
     if not r.has("formula"):
         return DEFAULT_FORMULA
     v = r.raw("formula")
@@ -394,12 +180,12 @@ def _read_formula(r: _Reader):
         for f in FORMULAS:
             if "".join(f.split()) == squeezed:
                 return f
-    r.ctx.err(r.p("formula"), f"{_show(v)} is not a supported formula "
+    r.ctx.err(r.p("formula"), f"{show(v)} is not a supported formula "
                               f"(allowed: {', '.join(repr(f) for f in FORMULAS)})")
     return BAD
 
 
-def _read_codebook(r: _Reader, dtype):
+def _read_codebook(r: Reader, dtype):
     """-> (bits, codebook tuple) for dtype codebook, (None, None) otherwise, BAD parts."""
     ctx = r.ctx
     if dtype != "codebook":
@@ -409,7 +195,7 @@ def _read_codebook(r: _Reader, dtype):
                     ctx.err(r.p(k), f"only applies to dtype codebook (b.dtype is {dtype})")
         return None, None
     if not r.has("bits"):
-        ctx.err(r.p("bits"), f"required for dtype codebook {_allowed(CODEBOOK_BITS)}")
+        ctx.err(r.p("bits"), f"required for dtype codebook {allowed_values(CODEBOOK_BITS)}")
     bits = r.integer("bits", BAD, lo=CODEBOOK_BITS[0], hi=CODEBOOK_BITS[-1])
     cb = r.raw("codebook", None)
     if not r.has("codebook"):
@@ -418,7 +204,7 @@ def _read_codebook(r: _Reader, dtype):
     elif not isinstance(cb, list) or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
             for x in cb):
-        ctx.err(r.p("codebook"), f"must be a list of finite numbers; got {_show(cb)}")
+        ctx.err(r.p("codebook"), f"must be a list of finite numbers; got {show(cb)}")
         cb = BAD
     else:
         cb = tuple(float(x) for x in cb)
@@ -431,20 +217,22 @@ def _read_codebook(r: _Reader, dtype):
 
 # --- the whole spec ---------------------------------------------------------------
 
-def _validate(data, ctx: _Ctx) -> Optional[Spec]:
+def validate_data(data, ctx: Ctx) -> Spec:
+    """Parsed spec data -> Spec; every problem is reported into ctx (located
+    by its lines) and raised together as SpecErrors."""
     if not isinstance(data, dict):
-        ctx.err((), f"the document must be a mapping of spec fields; got {_show(data)}")
+        ctx.err((), f"the document must be a mapping of spec fields; got {show(data)}")
         ctx.raise_if_any()
-    top = _Reader.mapping(ctx, data, (), TOP_KEYS, required=("opgen", "name", "op", "a"))
+    top = Reader.mapping(ctx, data, (), TOP_KEYS, required=("opgen", "name", "op", "a"))
 
     # opgen: format version
     version = top.raw("opgen", _MISSING)
-    if version is not _MISSING and not (_is_int(version) and version == FORMAT_VERSION):
-        ctx.err(("opgen",), f"unsupported format version {_show(version)} "
+    if version is not _MISSING and not (is_int(version) and version == FORMAT_VERSION):
+        ctx.err(("opgen",), f"unsupported format version {show(version)} "
                            f"(allowed: {FORMAT_VERSION})")
     name = top.string("name", BAD)
     if isinstance(name, str) and not NAME_RE.fullmatch(name):
-        ctx.err(("name",), f"{_show(name)} is not a valid name (allowed: [a-z0-9_]+)")
+        ctx.err(("name",), f"{show(name)} is not a valid name (allowed: [a-z0-9_]+)")
         name = BAD
     description = top.string("description", "")
     op = top.choice("op", OPS, default=BAD, what="op")
@@ -453,19 +241,19 @@ def _validate(data, ctx: _Ctx) -> Optional[Spec]:
     # shape
     M = N = K = None
     if top.has("shape"):
-        sr = _Reader.mapping(ctx, top.raw("shape"), ("shape",), SHAPE_KEYS)
+        sr = Reader.mapping(ctx, top.raw("shape"), ("shape",), SHAPE_KEYS)
         if sr is not None:
             M = sr.pos_int_or_word("M", ("dynamic",), what="M")
             N = sr.pos_int_or_word("N", ("any",), what="N")
             K = sr.pos_int_or_word("K", ("any",), what="K")
     M, N, K = (None if isinstance(x, str) else x for x in (M, N, K))
-    Nf = N if _is_int(N) else None            # fixed sizes for divisibility rules
-    Kf = K if _is_int(K) else None
+    Nf = N if is_int(N) else None            # fixed sizes for divisibility rules
+    Kf = K if is_int(K) else None
 
     # a
     a_dtype = a_scale = BAD
     if top.has("a"):
-        ar = _Reader.mapping(ctx, top.raw("a"), ("a",), A_KEYS, required=("dtype",))
+        ar = Reader.mapping(ctx, top.raw("a"), ("a",), A_KEYS, required=("dtype",))
         if ar is not None:
             a_dtype = ar.choice("dtype", ACT_DTYPES, default=BAD, what="activation dtype")
             a_scale = ar.choice("scale", ("row",), default=None, what="activation scale")
@@ -480,20 +268,20 @@ def _validate(data, ctx: _Ctx) -> Optional[Spec]:
         op, OUT_DTYPES + QUANT_OUT_DTYPES)
     out_dtype = "float16"
     if top.has("out"):
-        orr = _Reader.mapping(ctx, top.raw("out"), ("out",), OUT_KEYS, required=("dtype",))
+        orr = Reader.mapping(ctx, top.raw("out"), ("out",), OUT_KEYS, required=("dtype",))
         out_dtype = BAD
         if orr is not None and orr.has("dtype"):
             out_dtype = orr.choice("dtype", out_allowed,
                                    what=f"output dtype for op {op}" if op is not BAD
                                    else "output dtype")
     elif op == "quantize":
-        ctx.err(("out",), f"required for op quantize {_allowed(QUANT_OUT_DTYPES)}")
+        ctx.err(("out",), f"required for op quantize {allowed_values(QUANT_OUT_DTYPES)}")
         out_dtype = BAD
 
     # epilogue
     bias, act = False, "none"
     if top.has("epilogue"):
-        er = _Reader.mapping(ctx, top.raw("epilogue"), ("epilogue",), EPILOGUE_KEYS)
+        er = Reader.mapping(ctx, top.raw("epilogue"), ("epilogue",), EPILOGUE_KEYS)
         if er is not None:
             bias = er.boolean("bias", False)
             act = er.choice("activation", ACTIVATIONS, default="none", what="activation")
@@ -514,7 +302,7 @@ def _validate(data, ctx: _Ctx) -> Optional[Spec]:
     if op == "quantize":
         if a_dtype is not BAD and a_dtype not in QUANT_ACT_DTYPES:
             ctx.err(("a", "dtype"), f"op quantize reads {a_dtype} activations; it needs "
-                                    f"{_allowed(QUANT_ACT_DTYPES)}")
+                                    f"{allowed_values(QUANT_ACT_DTYPES)}")
         if bias is True:
             ctx.err(("epilogue", "bias"), "op quantize has no epilogue (bias must be false)")
         if act not in ("none", BAD):
@@ -531,7 +319,7 @@ def _validate(data, ctx: _Ctx) -> Optional[Spec]:
         ctx.err(("accumulate",), "float8_e4m3 activations need `accumulate: float32`")
 
     ctx.raise_if_any()
-    assert _ok(name, op, a_dtype, a_scale, out_dtype, accumulate, bias, act, weight), \
+    assert ok(name, op, a_dtype, a_scale, out_dtype, accumulate, bias, act, weight), \
         "validator bug: invalid field without an error"
     return Spec(
         name=name, op=op, a=Activation(a_dtype, a_scale), b=w, out=Output(out_dtype),
@@ -540,9 +328,9 @@ def _validate(data, ctx: _Ctx) -> Optional[Spec]:
     )
 
 
-def _validate_weight(ctx: _Ctx, value, Nf: Optional[int], Kf: Optional[int], a_dtype):
+def _validate_weight(ctx: Ctx, value, Nf: Optional[int], Kf: Optional[int], a_dtype):
     bp = ("b",)
-    r = _Reader.mapping(ctx, value, bp, B_KEYS, required=("dtype",))
+    r = Reader.mapping(ctx, value, bp, B_KEYS, required=("dtype",))
     if r is None:
         return BAD
     dtype = r.choice("dtype", WEIGHT_DTYPES, default=BAD, what="weight dtype")
@@ -632,7 +420,7 @@ def _validate_weight(ctx: _Ctx, value, Nf: Optional[int], Kf: Optional[int], a_d
                 ctx.err(zp + ("pack", "axis"), f"packing {Pz} zero points per "
                                                f"{zpack.container} along k needs K/group = "
                                                f"{Kf // scale.group} to be a multiple of {Pz}")
-        if _ok(zero["dtype"], zero["offset"], zero["value"], zpack):
+        if ok(zero["dtype"], zero["offset"], zero["value"], zpack):
             zobj = Zero(kind=kind, dtype=zero["dtype"], pack=zpack,
                         offset=zero["offset"], value=zero["value"])
         else:
@@ -659,7 +447,7 @@ def _validate_weight(ctx: _Ctx, value, Nf: Optional[int], Kf: Optional[int], a_d
             ctx.err(sp + ("group",), "float8_e4m3 activations need a channel or tensor "
                                      "weight scale (or none)")
 
-    if not _ok(dtype, layout, pk, scale, zero, formula, cbits, codebook):
+    if not ok(dtype, layout, pk, scale, zero, formula, cbits, codebook):
         return BAD
     return Weight(dtype=dtype, layout=layout, pack=pack, scale=scale, zero=zobj,
                   formula=formula, codebook=codebook, bits=cbits)
@@ -669,134 +457,8 @@ def _validate_weight(ctx: _Ctx, value, Nf: Optional[int], Kf: Optional[int], a_d
 
 def spec_from_dict(d, filename: str = "<dict>") -> Spec:
     """Validate plain data (as YAML would load it). Errors carry line 0."""
-    ctx = _Ctx(filename, {}, default_line=0)
-    return _validate(d, ctx)
-
-
-def _read_text(path: Path, display: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecErrors([SpecError(display, 0, "spec", "no such file")])
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecErrors([SpecError(display, 0, "spec", f"cannot read: {e}")])
-
-
-def load_spec(path_or_text: Union[str, os.PathLike], filename: Optional[str] = None) -> Spec:
-    """Load and validate a spec.
-
-    path_or_text: a path (pathlib.Path, or a one-line str naming an existing
-    file or ending in .yaml/.yml), the name of a shipped spec, or YAML text.
-    Raises SpecErrors listing every problem found.
-    """
-    if isinstance(path_or_text, os.PathLike):
-        p = Path(path_or_text)
-        text = _read_text(p, filename or str(p))
-        return _load_text(text, filename or str(p))
-    s = str(path_or_text)
-    if "\n" not in s:
-        p = Path(s)
-        if p.is_file() or s.endswith((".yaml", ".yml")):
-            return _load_text(_read_text(p, filename or s), filename or s)
-        shipped = shipped_specs()
-        if s in shipped:
-            p = shipped[s]
-            return _load_text(_read_text(p, filename or str(p)), filename or str(p))
-    return _load_text(s, filename or "<string>")
-
-
-def _load_text(text: str, filename: str) -> Spec:
-    data, ctx = _parse_yaml(text, filename)
-    return _validate(data, ctx)
-
-
-def shipped_specs() -> Dict[str, Path]:
-    """Shipped specs (the opgen.specs package): name -> path, sorted by name."""
-    root = resources.files("opgen.specs")
-    found = {}
-    for entry in root.iterdir():
-        if entry.name.endswith(".yaml") and entry.is_file():
-            found[entry.name[: -len(".yaml")]] = Path(str(entry))
-    return dict(sorted(found.items()))
-
-
-def resolve_spec(arg: Union[str, os.PathLike]) -> Path:
-    """A YAML file path, or the name of a shipped spec -> path of the file."""
-    s = str(arg)
-    p = Path(s)
-    if p.is_file():
-        return p
-    shipped = shipped_specs()
-    name = s[:-5] if s.endswith(".yaml") and os.sep not in s else s
-    if name in shipped:
-        return shipped[name]
-    if p.exists():
-        msg = "not a file"
-    else:
-        msg = "no such file and not a shipped spec name"
-    raise SpecErrors([SpecError(s, 0, "spec", f"{msg} (shipped: {', '.join(shipped)})")])
-
-
-def spec_to_yaml_dict(spec: Spec) -> dict:
-    """Canonical YAML form of a Spec: load_spec(yaml.safe_dump(d)) == spec."""
-    d: Dict[str, Any] = {"opgen": spec.version, "name": spec.name}
-    if spec.description:
-        d["description"] = spec.description
-    d["op"] = spec.op
-    d["shape"] = {
-        "M": "dynamic" if spec.shape.M is None else spec.shape.M,
-        "N": "any" if spec.shape.N is None else spec.shape.N,
-        "K": "any" if spec.shape.K is None else spec.shape.K,
-    }
-    a: Dict[str, Any] = {"dtype": spec.a.dtype}
-    if spec.a.scale is not None:
-        a["scale"] = spec.a.scale
-    d["a"] = a
-    if spec.b is not None:
-        d["b"] = _weight_to_dict(spec.b)
-    d["accumulate"] = spec.accumulate
-    d["out"] = {"dtype": spec.out.dtype}
-    d["epilogue"] = {"bias": spec.epilogue.bias, "activation": spec.epilogue.activation}
-    return d
-
-
-def _pack_to_dict(p: Pack) -> dict:
-    return {"container": p.container, "axis": p.axis, "order": list(p.order)}
-
-
-def _weight_to_dict(w: Weight) -> dict:
-    b: Dict[str, Any] = {"dtype": w.dtype, "layout": w.layout}
-    if w.pack is not None:
-        b["pack"] = _pack_to_dict(w.pack)
-    if w.scale is not None:
-        s = w.scale
-        b["scale"] = {"dtype": s.dtype,
-                      "group": s.group if s.granularity == "group" else s.granularity}
-        if s.granularity == "group":
-            b["scale"]["layout"] = s.layout
-    z = w.zero
-    zd: Dict[str, Any] = {"kind": z.kind}
-    if z.kind == "const":
-        zd["value"] = z.value
-    elif z.kind == "float":
-        zd["dtype"] = z.dtype
-    elif z.kind == "int":
-        zd["dtype"] = z.dtype
-        if z.pack is not None:
-            zd["pack"] = _pack_to_dict(z.pack)
-        zd["offset"] = z.offset
-    b["zero"] = zd
-    b["formula"] = w.formula
-    if w.dtype == "codebook":
-        b["bits"] = w.bits
-        b["codebook"] = list(w.codebook)
-    return b
-
-
-def dump_spec(spec: Spec) -> str:
-    """The spec as YAML text (canonical form, keys in language order)."""
-    return yaml.safe_dump(spec_to_yaml_dict(spec), sort_keys=False,
-                          default_flow_style=None, width=100)
+    ctx = Ctx(filename, {}, default_line=0)
+    return validate_data(d, ctx)
 
 
 def specialize_shape(spec: Spec, M: Optional[int] = None, N: Optional[int] = None,
@@ -812,7 +474,7 @@ def specialize_shape(spec: Spec, M: Optional[int] = None, N: Optional[int] = Non
     for dim, v in given.items():
         fixed = getattr(spec.shape, dim)
         if v is not None:
-            if not _is_int(v) or v <= 0:
+            if not is_int(v) or v <= 0:
                 raise UserError(f"--{dim} must be a positive integer; got {v!r}")
             if fixed is not None and fixed != v:
                 raise UserError(f"--{dim} {v} conflicts with spec {spec.name}, "
@@ -830,8 +492,8 @@ def specialize_shape(spec: Spec, M: Optional[int] = None, N: Optional[int] = Non
     return Shape(**sizes)
 
 
+
 __all__ = [
-    "load_spec", "spec_from_dict", "spec_to_yaml_dict", "dump_spec", "resolve_spec",
-    "shipped_specs", "specialize_shape", "SpecError", "SpecErrors", "UserError",
+    "spec_from_dict", "validate_data", "specialize_shape",
     "FLOAT_WEIGHT_DTYPES", "QUANT_OUT_DTYPES", "QUANT_ACT_DTYPES",
 ]

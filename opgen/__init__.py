@@ -1,8 +1,6 @@
-"""opgen: YAML operator specs -> tuned CUDA kernels for quantized matmuls."""
-__version__ = "0.1.0"
+"""opgen: YAML operator specs -> tuned CUDA kernels for quantized matmuls.
 
-
-def load(spec, N=None, K=None, **kw):
-    """A callable matmul op: `opgen.load("gptq_v2_w4a16_g128", N=4096, K=4096)(a, qweight, scales, zeros)`."""
-    from opgen.runtime.op import load as _load
-    return _load(spec, N, K, **kw)
+`opgen.load("gptq_v2_w4a16_g128", N=4096, K=4096)(a, qweight, scales, zeros)`:
+a callable matmul op (runtime/op.py)."""
+from .codegen.version import __version__  # noqa: F401 (opgen.__version__)
+from .runtime.op import load  # noqa: F401 (opgen.load)

@@ -21,23 +21,24 @@ for the tensor, e.g.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from typing import Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from .codegen import reference as R
-from .codegen.spec import (CONTAINER_BITS, NF4_TABLE, WEIGHT_CODES, Spec,
-                           codes_per_container, scale_shape, weight_storage_shape,
-                           zero_shape)
+from .codegen import numerics as nx
+from .codegen.spec import (CONTAINER_BITS, NF4_TABLE, WEIGHT_CODES, Spec, codes_per_container,
+                           stored_shapes)
+from .codegen.resolve import as_spec
+from .codegen.storage import encode_codes
 
-__all__ = ["FORMATS", "shipped_spec", "resolve_spec", "expected_tensors", "validate_tensors",
-           "from_gptq", "from_awq", "from_bnb_nf4", "from_bitnet_hf", "convert", "sub_state"]
+__all__ = ["FORMATS", "expected_tensors", "validate_tensors", "from_gptq", "from_awq",
+           "from_bnb_nf4", "from_bitnet_hf", "convert", "sub_state"]
 
 # checkpoint format -> the shipped spec whose storage it converts to
 # (GPTQ's qweight is repacked by default: the repacked specs' kernels ran
-# 1.05x the as-stored ones at M = 1 and 2.0-2.6x at M = 16-256, run16.)
+# 1.05x the as-stored ones at M = 1 and 2.0-2.6x at M = 16-256,
+# docs/performance.md#rs-gemm.)
 FORMATS = {
     "gptq_v1": "gptq_v1_w4a16_g128_repacked",
     "gptq_v2": "gptq_v2_w4a16_g128_repacked",
@@ -45,17 +46,6 @@ FORMATS = {
     "bnb_nf4": "bnb_nf4",
     "bitnet_hf": "bitnet_b158",
 }
-
-
-@functools.lru_cache(maxsize=None)
-def shipped_spec(name: str) -> Spec:
-    from .codegen.validate import load_spec, resolve_spec as _path
-    return load_spec(_path(name))
-
-
-def resolve_spec(spec: Union[Spec, str]) -> Spec:
-    """A Spec, the name of a shipped spec, or a YAML path -> Spec."""
-    return spec if isinstance(spec, Spec) else shipped_spec(str(spec))
 
 
 def sub_state(state: Mapping, prefix: str) -> Dict:
@@ -118,17 +108,18 @@ def expected_tensors(spec: Spec, N: int, K: int) -> Dict[str, Tuple[Tuple[int, .
         raise ValueError(f"spec {spec.name!r} (op {spec.op}) has no weight")
     code = WEIGHT_CODES.get(w.dtype)
     signed = code is not None and code.kind == "int"
+    shapes = stored_shapes(spec, N, K)
     qd = _container_dtypes(w.pack.container) if w.pack else _elem_dtypes(w.dtype, signed)
-    out = {"qweight": (tuple(weight_storage_shape(w, N, K)), qd)}
+    out = {"qweight": (shapes["qweight"], qd)}
     if w.scale is not None:
-        out["scales"] = (tuple(scale_shape(w.scale, N, K)), _elem_dtypes(w.scale.dtype, False))
+        out["scales"] = (shapes["scales"], _elem_dtypes(w.scale.dtype, False))
     z = w.zero
     if z.kind == "int":
         zd = (_container_dtypes(z.pack.container) if z.pack
               else _elem_dtypes(z.dtype, WEIGHT_CODES[z.dtype].kind == "int"))
-        out["zeros"] = (tuple(zero_shape(w, N, K)), zd)
+        out["zeros"] = (shapes["zeros"], zd)
     elif z.kind == "float":
-        out["zeros"] = (tuple(zero_shape(w, N, K)), _elem_dtypes(z.dtype, False))
+        out["zeros"] = (shapes["zeros"], _elem_dtypes(z.dtype, False))
     return out
 
 
@@ -145,7 +136,7 @@ def validate_tensors(spec: Union[Spec, str], tensors: Mapping, N: int, K: int,
     .dtype is accepted (numpy arrays, torch tensors). names: the checkpoint's
     own name for a tensor, used in the message ({"zeros": "qzeros"}).
     An optional "bias" must be [N]; other keys are ignored."""
-    spec = resolve_spec(spec)
+    spec = as_spec(spec)
     names = dict(names or {})
     label = lambda key: names.get(key, key)     # noqa: E731
     want = expected_tensors(spec, N, K)
@@ -186,7 +177,6 @@ def _as_int32(x: np.ndarray) -> np.ndarray:
 
 def _floats(x: np.ndarray) -> np.ndarray:
     """float32 values of a float array or of bfloat16 bits (np.uint16)."""
-    from .codegen import numerics as nx
     x = np.asarray(x)
     return nx.bf16_bits_to_f32(x) if x.dtype == np.uint16 else x.astype(np.float32)
 
@@ -256,12 +246,12 @@ def from_gptq(state: Mapping, version: int, N: int, K: int, group: int = 128,
     float16 [K/G, N], optional g_idx [K] (must be k // G) and bias [N].
     The shipped gptq_v{1,2}_w4a16_g128 specs store exactly this; by default
     (FORMATS) qweight is repacked here, once, for gptq_v{1,2}_w4a16_g128_repacked
-    ([N, K/8], the order of the swapped GEMM). Any spec that packs the codes
+    ([N, K/8], the order of the rs GEMM). Any spec that packs the codes
     eight per int32 along k and stores GPTQ's scales and zeros will do."""
     if version not in (1, 2):
         raise ValueError(f"version: GPTQ checkpoint format {version!r}, expected 1 or 2")
-    spec = resolve_spec(spec or FORMATS[f"gptq_v{version}"])
-    gptq = shipped_spec(f"gptq_v{version}_w4a16_g128")          # the checkpoint's storage
+    spec = as_spec(spec or FORMATS[f"gptq_v{version}"])
+    gptq = as_spec(f"gptq_v{version}_w4a16_g128")          # the checkpoint's storage
     stored = dataclasses.replace(spec, b=dataclasses.replace(spec.b, layout=gptq.b.layout,
                                                              pack=gptq.b.pack))
     if _gptq_storage(spec.b) != _gptq_storage(gptq.b):
@@ -288,7 +278,7 @@ def from_awq(state: Mapping, N: int, K: int, group: int = 128,
     """AutoAWQ GEMM layer: qweight int32 [K, N/8] and qzeros int32 [K/G, N/8],
     both packed along n in order 0,2,4,6,1,3,5,7; scales float16 [K/G, N];
     optional bias. The shipped awq_w4a16_g128 spec stores exactly this."""
-    spec = resolve_spec(spec or FORMATS["awq"])
+    spec = as_spec(spec or FORMATS["awq"])
     _check_group(spec, group, "group")
     t = {"qweight": _arr(state, "qweight"), "scales": _arr(state, "scales"),
          "zeros": _arr(state, "qzeros"), "bias": _arr(state, "bias")}
@@ -333,7 +323,7 @@ def from_bnb_nf4(state: Mapping, N: int, K: int,
     even index in the high nibble) and absmax float32 (one per block of
     `blocksize` flat elements). Blocks must not straddle rows (K % blocksize
     == 0), so absmax is the [N, K/blocksize] scale the bnb_nf4 spec stores."""
-    spec = resolve_spec(spec or FORMATS["bnb_nf4"])
+    spec = as_spec(spec or FORMATS["bnb_nf4"])
     st = _bnb_fields(state)
     if any(k in st for k in _BNB_NESTED):
         raise ValueError("absmax: double-quantized (nested absmax, bnb_4bit_use_double_quant=True) "
@@ -382,10 +372,10 @@ def from_bitnet_hf(state: Mapping, N: int, K: int,
     The bitnet_b158 kernels want four codes per byte along K instead, so the
     codes are repacked here (once) and the scale becomes 1 / weight_scale in
     float32 (exact: for t in {-1, 0, 1}, t * fl(1/s) == fl(t/s))."""
-    spec = resolve_spec(spec or FORMATS["bitnet_hf"])
+    spec = as_spec(spec or FORMATS["bitnet_hf"])
     weight, ws = _arr(state, "weight"), _arr(state, "weight_scale")
     if weight is None:
-        raise ValueError(f"weight: missing; HF BitNet stores it as [N/4, K] uint8")
+        raise ValueError("weight: missing; HF BitNet stores it as [N/4, K] uint8")
     if ws is None:
         raise ValueError("weight_scale: missing; HF BitNet stores one value [1]")
     if N % 4:
@@ -407,7 +397,7 @@ def from_bitnet_hf(state: Mapping, N: int, K: int,
         n, k = (int(v[0]) for v in np.nonzero(raw == 3))
         raise ValueError(f"weight: 2-bit field 3 (row {n}, column {k}) is not a ternary code "
                          f"(HF BitNet stores value + 1 in 0..2)")
-    out = {"qweight": R.encode_codes(spec, raw),
+    out = {"qweight": encode_codes(spec, raw),
            "scales": np.array([np.float32(1.0) / s.astype(np.float32)], np.float32)}
     validate_tensors(spec, out, N, K)
     return _with_bias(out, state)
@@ -427,4 +417,4 @@ def convert(fmt: str, state: Mapping, N: int, K: int, **kw) -> Tuple[Spec, Dict[
         tensors = from_bitnet_hf(state, N, K, **kw)
     else:
         raise ValueError(f"format {fmt!r}: unknown (known: {', '.join(FORMATS)})")
-    return resolve_spec(kw.get("spec") or FORMATS[fmt]), tensors
+    return as_spec(kw.get("spec") or FORMATS[fmt]), tensors

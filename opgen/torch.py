@@ -26,9 +26,12 @@ import torch
 from torch import nn
 
 from . import checkpoints as ck
+from .codegen import quantize_weight
 from .codegen import reference as R
 from .codegen.planner import check_shape
 from .codegen.spec import Spec
+from .codegen.resolve import as_spec
+from .runtime.op import MatmulOp
 
 __all__ = ["QuantLinear", "replace_linear", "ReplaceReport", "quantize_activation", "matmul",
            "handle_for"]
@@ -48,7 +51,6 @@ class _Entry:
     def op(self):
         """The MatmulOp, built on first CUDA call (it needs a GPU to pick the arch)."""
         if self._op is None:
-            from .runtime.op import MatmulOp
             self._op = MatmulOp(self.spec, self.N, self.K)
         return self._op
 
@@ -163,7 +165,7 @@ class QuantLinear(nn.Module):
     def __init__(self, spec: Union[Spec, str], in_features: int, out_features: int,
                  qweight, scales=None, zeros=None, bias=None, device=None):
         super().__init__()
-        spec = ck.resolve_spec(spec)
+        spec = as_spec(spec)
         N, K = int(out_features), int(in_features)
         check_shape(spec, N, K)
         if spec.a.dtype in ("int8", "float8_e4m3") and spec.a.scale != "row":
@@ -196,9 +198,9 @@ class QuantLinear(nn.Module):
     @classmethod
     def from_linear(cls, spec: Union[Spec, str], linear: nn.Linear) -> "QuantLinear":
         """Quantize a float nn.Linear (weight [out=N, in=K]) with the reference quantizer."""
-        spec = ck.resolve_spec(spec)
+        spec = as_spec(spec)
         w = linear.weight.detach().float().cpu().numpy()
-        t = R.quantize(spec, w)
+        t = quantize_weight.quantize(spec, w)
         return cls(spec, linear.in_features, linear.out_features, bias=linear.bias,
                    device=linear.weight.device, **t)
 
@@ -206,7 +208,7 @@ class QuantLinear(nn.Module):
     def empty(cls, spec: Union[Spec, str], in_features: int, out_features: int,
               bias: bool = False, device=None) -> "QuantLinear":
         """Zero-filled storage, to be filled by load_state_dict."""
-        spec = ck.resolve_spec(spec)
+        spec = as_spec(spec)
         want = ck.expected_tensors(spec, out_features, in_features)
         t = {k: torch.zeros(shape, dtype=_STORAGE[dts[0]], device=device)
              for k, (shape, dts) in want.items()}
@@ -311,7 +313,7 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
     qualified name, e.g. "lm_head" or "*.gate") stay float and are reported
     with the reason. quantize=False allocates zero storage instead of running
     the reference quantizer (for a load_state_dict that follows)."""
-    spec = ck.resolve_spec(spec)
+    spec = as_spec(spec)
     skip = list(skip)
     report = ReplaceReport()
     for name, mod in list(model.named_modules()):

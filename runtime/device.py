@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 from ..codegen import hw
 from ..codegen.compiler import nvrtc_version  # noqa: F401 (part of what a device reports)
@@ -49,3 +50,9 @@ def device_name() -> str:
 
 def sm_count() -> int:
     return int(_props(current_device())["multiProcessorCount"])
+
+
+def planning_sms() -> Optional[int]:
+    """The SM count the planner sizes grids for: this GPU's, or None without
+    one (the planner then takes the arch's planned device, codegen/hw.py)."""
+    return sm_count() if has_gpu() else None

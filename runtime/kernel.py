@@ -13,6 +13,7 @@ import numpy as np
 from ..codegen import planner
 from ..codegen.spec import Spec
 from ..codegen import compiler
+from ..codegen.kernel_args import ARGUMENTS, TMA_ARGUMENTS
 from . import tma
 from .device import current_arch
 
@@ -23,7 +24,7 @@ def load_function(compiled: compiler.Compiled):
     module = cupy.cuda.function.Module()
     module.load(compiled.cubin)
     fn = module.get_function(compiled.name)
-    smem = compiled.geometry.get("smem", 0)
+    smem = compiled.plan.smem             # the most any launch of it takes
     if smem > 0:
         # cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8).
         # Needed whenever static + dynamic shared memory passes 48 KiB: the
@@ -48,6 +49,15 @@ def _scratch(nbytes: int, stream_ptr: int):
     return buf
 
 
+def _values(args, values: dict, pointer, integer) -> list:
+    """The launch's arguments in the kernels' order (codegen/kernel_args.py):
+    ints as `integer`, pointers as `pointer` (absent or None: null), the rest
+    (the TMA tensor maps) as they are."""
+    return [integer(values[a.name]) if a.ctype == "int"
+            else pointer(values.get(a.name) or 0) if a.ctype.endswith("*")
+            else values[a.name] for a in args]
+
+
 class Kernel:
     """One config's launch. A predecode config is two kernels: its dequant
     stage writes the dense weights into the shared scratch tensor, then the
@@ -61,23 +71,19 @@ class Kernel:
         self.gemm_config = gcfg
         self.compiled = compiler.compile_kernel(gspec, gcfg, self.arch)
         self.module, self.fn = load_function(self.compiled)
-        self.geometry = self.compiled.geometry
+        self.plan = self.compiled.plan
         self._ws = {}     # (device, stream) -> (workspace, counters)
         self._grids = {}  # (M, N, K) -> (launch grid, dynamic shared memory)
-        geo = self.geometry
-        self._tma = (tma.TmaMaps(geo["ce"], planner.tma_box_a(gcfg, geo["ce"]), gcfg.BN, gcfg.BK, gcfg.cluster,
-                                 *(() if geo["dense"] else (geo["stored"], (geo["b_rows"], geo["b_rowb"]))))
-                     if geo.get("tma") else None)
+        self._tma = tma.TmaMaps(self.plan.tma) if self.plan.tma else None
 
     def grid(self, M: int, N: int, K: int) -> tuple:
         return self._launch_shape(M, N, K)[0]
 
     def _launch_shape(self, M: int, N: int, K: int) -> tuple:
-        # Cached: hashing the spec for the planner costs microseconds per launch.
+        # Cached: a dict hit is cheaper than evaluating the plan's rules per launch.
         g = self._grids.get((M, N, K))
         if g is None:
-            g = self._grids[(M, N, K)] = (planner.grid(self.spec, self.gemm_config, M, N),
-                                          planner.launch_smem(self.geometry, self.gemm_config, K))
+            g = self._grids[(M, N, K)] = (self.plan.grid(M, N), self.plan.smem_at(K))
         return g
 
     def _workspace(self, M: int, N: int, grid: tuple, stream_ptr: int):
@@ -107,18 +113,14 @@ class Kernel:
         if self._tma is not None:
             self._launch_tma(dict(ptrs, ws=ws, counters=cnt), M, N, K, grid, smem, stream)
             return
-        p = lambda k: np.uint64(ptrs.get(k) or 0)
-        args = (p("a"), p("a_scale"), p("b"), p("s"), p("z"), p("bias"), p("out"),
-                np.uint64(ws), np.uint64(cnt), np.int32(M), np.int32(N), np.int32(K))
-        self.fn(grid, (self.geometry["threads"], 1, 1), args,
+        args = _values(ARGUMENTS, dict(ptrs, ws=ws, counters=cnt, M=M, N=N, K=K), np.uint64, np.int32)
+        self.fn(grid, (self.plan.threads, 1, 1), tuple(args),
                 shared_mem=smem, stream=stream)
 
     def _launch_tma(self, ptrs: dict, M: int, N: int, K: int, grid, smem: int, stream) -> None:
-        p = lambda k: ctypes.c_uint64(ptrs.get(k) or 0)
-        args = [self._tma.a(ptrs["a"], M, K), self._tma.b(ptrs["b"], N, K), p("a_scale"), p("s"),
-                p("z"), p("bias"), p("out"), p("ws"), p("counters"),
-                ctypes.c_int32(M), ctypes.c_int32(N), ctypes.c_int32(K)]
-        tma.launch(self.fn, grid, self.geometry["threads"], smem, stream.ptr, args)
+        maps = dict(tmA=self._tma.a(ptrs["a"], M, K), tmB=self._tma.b(ptrs["b"], N, K))
+        args = _values(TMA_ARGUMENTS, dict(ptrs, **maps, M=M, N=N, K=K), ctypes.c_uint64, ctypes.c_int32)
+        tma.launch(self.fn, grid, self.plan.threads, smem, stream.ptr, args)
 
     def __call__(self, a, tensors: dict, out, a_scale=None, bias=None, stream=None):
         """Launch on CuPy arrays (the tuner and tests use this directly)."""
@@ -142,6 +144,6 @@ class QuantizeKernel:
         self.module, self.fn = load_function(self.compiled)
 
     def launch(self, x_ptr: int, codes_ptr: int, scale_ptr: int, M: int, K: int, stream) -> None:
-        self.fn((M, 1, 1), (self.compiled.geometry["threads"], 1, 1),
+        self.fn(self.compiled.plan.grid(M, 0), (self.compiled.plan.threads, 1, 1),
                 (np.uint64(x_ptr), np.uint64(codes_ptr), np.uint64(scale_ptr), np.int32(M), np.int32(K)),
                 stream=stream)

@@ -9,40 +9,35 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 from ..codegen import planner
-from ..codegen.errors import UserError
-from ..codegen.spec import Spec, scale_shape, weight_storage_shape, zero_shape
-from . import arrays
 from ..codegen.buckets import bucket_of, representative_M
-
-
-def _spec(spec_or_name) -> Spec:
-    if isinstance(spec_or_name, Spec):
-        return spec_or_name
-    from ..codegen.validate import load_spec, resolve_spec
-    return load_spec(resolve_spec(str(spec_or_name)))
+from ..codegen.errors import UserError
+from ..codegen.spec import Activation, Output, Spec, stored_shapes
+from ..codegen.resolve import as_spec
+from . import arrays
+from .device import current_arch, planning_sms
+from .kernel import Kernel, QuantizeKernel
+from .tuning_db import TuningDB, make_key
 
 
 class MatmulOp:
     def __init__(self, spec: Spec, N: int, K: int, arch: Optional[str] = None, db=None,
                  use_db: bool = True):
-        from .device import current_arch
         if spec.op != "matmul":
-            raise UserError(f"{spec.name}: op {spec.op!r} is not a matmul (use opgen.load_quantize)")
+            raise UserError(f"{spec.name}: op {spec.op!r} is not a matmul (opgen.load gives quantize specs their own op)")
         planner.check_shape(spec, N, K)
         self.spec, self.N, self.K = spec, N, K
         self.arch = arch or current_arch()
+        self.sms = planning_sms()
         self.db, self.use_db = db, use_db
         self._kernels: Dict[str, object] = {}
         self.sources: Dict[str, str] = {}      # bucket -> "db" | "heuristic"
         w = spec.b
-        self._shapes = {"qweight": weight_storage_shape(w, N, K)}
+        self._shapes = stored_shapes(spec, N, K)
         self._dtypes = {"qweight": (w.pack.container if w.pack else
                                     ("uint8" if w.dtype in ("float8_e4m3", "float8_e5m2") else w.dtype))}
         if w.scale is not None:
-            self._shapes["scales"] = scale_shape(w.scale, N, K)
             self._dtypes["scales"] = w.scale.dtype
         if w.zero.kind in ("float", "int"):
-            self._shapes["zeros"] = zero_shape(w, N, K)
             zd = w.zero.dtype
             self._dtypes["zeros"] = ("int32" if w.zero.pack is not None else zd) if w.zero.kind == "int" else zd
 
@@ -56,23 +51,26 @@ class MatmulOp:
             k = self._kernels[label] = self._make_kernel(label)
         return k
 
-    def _make_kernel(self, label: str):
-        from .kernel import Kernel
-        cfg = None
+    def choose(self, label: str) -> planner.Config:
+        """The config of M bucket `label`: the tuning DB's winner, else the
+        planner's heuristic pick for this GPU's SM count (self.sources says
+        which). The one place that makes this choice (the bench's precompile
+        asks it too)."""
         if self.use_db:
             try:
-                from .tuning_db import TuningDB, make_key
                 db = self.db if self.db is not None else TuningDB()
                 rec = db.lookup(make_key(self.spec, self.N, self.K, arch=self.arch), label)
                 if rec is not None:
-                    cfg = planner.Config.from_dict(rec["config"])
                     self.sources[label] = "db"
+                    return planner.Config.from_dict(rec["config"])
             except Exception:   # a broken DB never breaks the op: fall back
-                cfg = None
-        if cfg is None:
-            cfg = planner.heuristic(self.spec, self.arch, representative_M(label), self.N, self.K)
-            self.sources[label] = "heuristic"
-        return Kernel(self.spec, cfg, self.arch)
+                pass
+        self.sources[label] = "heuristic"
+        return planner.heuristic(self.spec, self.arch, representative_M(label), self.N, self.K,
+                                 sms=self.sms)
+
+    def _make_kernel(self, label: str) -> Kernel:
+        return Kernel(self.spec, self.choose(label), self.arch)
 
     def __call__(self, a, qweight, scales=None, zeros=None, bias=None, a_scale=None, out=None):
         spec = self.spec
@@ -125,8 +123,6 @@ class QuantizeOp:
     per-row symmetric, scale = absmax / 127 (int8) or / 448 (e4m3), ties to even."""
 
     def __init__(self, spec: Spec, K: int, arch: Optional[str] = None):
-        from .device import current_arch
-        from .kernel import QuantizeKernel
         if K % 8:
             raise UserError(f"{spec.name}: K={K} must be a multiple of 8 (16-byte row loads)")
         self.spec, self.K = spec, K
@@ -153,7 +149,7 @@ def load(spec_or_name, N: Optional[int] = None, K: Optional[int] = None, arch: O
          db=None, use_db: bool = True):
     """The op for `spec` (a Spec, a shipped spec name or a YAML path): a MatmulOp
     at N x K, or for op quantize a QuantizeOp over rows of K."""
-    spec = _spec(spec_or_name)
+    spec = as_spec(spec_or_name)
     if K is None:
         raise UserError(f"{spec.name}: K is required")
     if spec.op == "quantize":
@@ -170,12 +166,9 @@ class QuantizedLinearOp:
     casts. BMINF runs three: quantize, cuBLASLt int8 GEMM, elementwise scaling."""
 
     def __init__(self, spec: Spec, N: int, K: int, input_dtype: str = "float16", **kw):
-        from ..codegen.spec import Activation, Output, Spec as S
         if spec.a.scale != "row":
             raise UserError(f"{spec.name}: needs int8/fp8 activations with a per-row scale")
-        qspec = S(name=f"quantize_{spec.a.dtype}_{input_dtype}", op="quantize",
-                  a=Activation(input_dtype), b=None, out=Output(spec.a.dtype))
-        self.quantize = QuantizeOp(qspec, K, arch=kw.get("arch"))
+        self.quantize = QuantizeOp(quantize_spec(spec, input_dtype), K, arch=kw.get("arch"))
         self.matmul = MatmulOp(spec, N, K, **kw)
 
     def __call__(self, x, qweight, scales=None, zeros=None, bias=None, out=None):
@@ -186,4 +179,11 @@ class QuantizedLinearOp:
 def load_linear(spec_or_name, N: int, K: int, input_dtype: str = "float16", **kw) -> QuantizedLinearOp:
     """A linear layer taking float activations for an int8/fp8-activation spec
     (e.g. "w8a8_int8"): quantize + GEMM with both scales fused."""
-    return QuantizedLinearOp(_spec(spec_or_name), int(N), int(K), input_dtype, **kw)
+    return QuantizedLinearOp(as_spec(spec_or_name), int(N), int(K), input_dtype, **kw)
+
+
+def quantize_spec(spec: Spec, input_dtype: str = "float16") -> Spec:
+    """The op-quantize spec of QuantizedLinearOp's first launch for `spec`:
+    input_dtype rows -> spec's activation codes and per-row scales."""
+    return Spec(name=f"quantize_{spec.a.dtype}_{input_dtype}", op="quantize",
+                a=Activation(input_dtype), b=None, out=Output(spec.a.dtype))

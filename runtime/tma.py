@@ -10,6 +10,8 @@ import ctypes
 import functools
 from typing import Dict, Tuple
 
+from ..codegen.planner import TmaBoxes
+
 # CUtensorMapDataType by element bytes (the GEMM only moves bits: fp16/bf16 as
 # UINT16, int8/fp8 as UINT8), and the enum values of cuda.h.
 _DTYPE = {1: 0, 2: 1, 4: 2}           # CU_TENSOR_MAP_DATA_TYPE_UINT8, _UINT16, _UINT32
@@ -57,19 +59,15 @@ def encode_2d(ptr: int, rows: int, cols: int, elem_bytes: int, box_rows: int, bo
 
 
 class TmaMaps:
-    """Tensor maps by (address, rows, cols): a layer's weights keep theirs for
-    good, activations get one per buffer (callers reuse buffers). Bounded."""
+    """The tensor maps of one kernel's launches, as its plan's boxes say
+    (planner.TmaBoxes), by (address, rows, cols): a layer's weights keep
+    theirs for good, activations get one per buffer (callers reuse buffers).
+    Bounded."""
 
     LIMIT = 256
 
-    def __init__(self, elem_bytes: int, box_a: Tuple[int, int], BN: int, BK: int, cluster: int,
-                 stored=None, stored_box: Tuple[int, int] = (0, 0)):
-        """box_a: the activations' box (planner.tma_box_a). stored (decoded
-        weights: the weight's lower.Layout): B is the stored words as 4-byte
-        elements [rows, row bytes / 4] of that layout, read unswizzled in
-        boxes of stored_box = (rows, bytes)."""
-        self.elem_bytes, self.box_a, self.BN, self.BK, self.cluster = elem_bytes, box_a, BN, BK, cluster
-        self.stored, self.stored_box = stored, stored_box
+    def __init__(self, boxes: TmaBoxes):
+        self.boxes = boxes
         self._maps: Dict[Tuple[int, ...], TensorMap] = {}
 
     def _get(self, ptr: int, rows: int, cols: int, elem_bytes: int, box_rows: int, box_cols: int,
@@ -83,15 +81,16 @@ class TmaMaps:
         return m
 
     def a(self, ptr: int, M: int, K: int) -> TensorMap:
-        return self._get(ptr, M, K, self.elem_bytes, *self.box_a)
+        """The activations [M, K]."""
+        return self._get(ptr, M, K, self.boxes.elem_bytes, *self.boxes.box_a)
 
     def b(self, ptr: int, N: int, K: int) -> TensorMap:
-        if self.stored is not None:
-            rows, rowb = self.stored.storage(N, K)
-            box_rows, box_rowb = self.stored_box
-            return self._get(ptr, rows, rowb // 4, 4, box_rows, box_rowb // 4, _SWIZZLE_NONE)
-        # Each block of a cluster loads (and multicasts) its share of the rows.
-        return self._get(ptr, N, K, self.elem_bytes, self.BN // self.cluster, self.BK)
+        """The weights: dense [N, K], or the stored words of decoded ones."""
+        bx = self.boxes
+        if bx.stored is not None:
+            rows, rowb = bx.stored.storage(N, K)
+            return self._get(ptr, rows, rowb // bx.b_elem_bytes, bx.b_elem_bytes, *bx.box_b, _SWIZZLE_NONE)
+        return self._get(ptr, N, K, bx.elem_bytes, *bx.box_b)
 
 
 def launch(fn, grid, threads: int, smem: int, stream_ptr: int, args: list) -> None:

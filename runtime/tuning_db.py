@@ -1,11 +1,9 @@
 """The tuning database: which tile config won for a (spec, device, N, K, M bucket).
 
-One human-readable JSON file:
+One human-readable JSON file (db_file.py: its layout, and how several tuners
+read and write it safely at once), its records keyed by
 
-    {"format": "opgen-tuning-db", "version": 1,
-     "records": {KEY: {BUCKET_LABEL: RECORD}}}
-
-KEY is `str(DBKey)`, e.g.
+KEY = `str(DBKey)`, e.g.
 "gptq_v1_w4a16_g128|3f2a9c...|sm_90|NVIDIA H200|0.1.0|nvrtc12.9|N8192|K8192":
 everything that can change which config is fastest (or whether it still
 compiles) is in the key, so a new opgen, NVRTC, spec revision or GPU simply
@@ -16,53 +14,36 @@ RECORD = {"config": dict, "config_name": str, "M": int, "median_us": float,
           "measured_at": ISO-8601 str, ...}  (extra fields are kept as is).
 
 Where it lives: the `path` argument, else $OPGEN_TUNING_DB, else
-$XDG_CACHE_HOME/opgen/tuning.json (~/.cache/opgen/tuning.json).  A read-only
-DB shipped in the package (opgen/data/tuned_h200.json) is consulted after it.
-
-Safety rules, because several tuners may run at once and a DB can take hours
-of GPU time to fill:
-  * writes lock PATH.lock (flock), re-read the file under the lock, merge,
-    write a temp file in the same directory, fsync it and os.replace it over
-    PATH: concurrent writers keep each other's records and a crash never
-    leaves a half-written file.  Readers take no lock (replace is atomic).
-  * an unreadable file (bad JSON, wrong shape) warns once and reads as empty;
-    the next write copies it aside to PATH.corrupt-<timestamp> first.
-  * a file of another format or version (or any other JSON file) warns and
-    reads as empty, and is never overwritten: writes raise TuningDBError.
+$XDG_CACHE_HOME/opgen/tuning.json (~/.cache/opgen/tuning.json).  Read-only
+DBs shipped in the package, one per device (opgen/data/tuning/<device>.json,
+e.g. nvidia_h200.json for "NVIDIA H200"), are consulted after it: the
+device in a key picks the file.  `opgen db` (opgen/cli/db.py) is the
+command line.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import fcntl
-import json
 import os
-import sys
-import tempfile
-import warnings
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from importlib.resources import files
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
 
+from ..codegen.version import __version__
 from ..codegen.buckets import LABELS, bucket_order
+from ..codegen.resolve import load_spec, shipped_specs
+from . import db_file
+from .db_file import ENV_VAR, DBFile, Record, TuningDBError, record_ok  # noqa: F401 (the API)
+from .device import current_arch, device_name, nvrtc_version
 
-FORMAT = "opgen-tuning-db"
-VERSION = 1
-ENV_VAR = "OPGEN_TUNING_DB"
-SHIPPED_FILE = "tuned_h200.json"
+# The device the shipped kernels were tuned and measured on (docs/performance.md).
+REFERENCE_DEVICE = "NVIDIA H200"
 
-Record = Dict[str, object]
 KeyLike = Union["DBKey", str]
 # predicate(key string, bucket label, record) -> True to remove the record
 Predicate = Callable[[str, str, Record], bool]
-
-_RECORD_ORDER = ("config_name", "M", "config", "median_us", "runner_up_us",
-                 "heuristic_us", "measured_at")
-
-
-class TuningDBError(RuntimeError):
-    """A write that would destroy a file we do not understand."""
 
 
 def default_path() -> Path:
@@ -73,23 +54,68 @@ def default_path() -> Path:
     return Path(cache).expanduser() / "opgen" / "tuning.json"
 
 
-def shipped_path() -> Optional[Path]:
-    """The DB shipped inside the package, or None when there is none."""
-    try:
-        from importlib.resources import files
-        p = Path(str(files("opgen") / "data" / SHIPPED_FILE))
-    except Exception:     # not importable as a package: nothing shipped
-        return None
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# --- the shipped DBs ----------------------------------------------------------
+
+def shipped_dir() -> Path:
+    """Where the package keeps its tuning DBs, one file per device."""
+    return Path(str(files("opgen") / "data" / "tuning"))
+
+
+def device_file(device: str) -> str:
+    """The shipped DB file of a device as the runtime names it:
+    "NVIDIA H200" -> "nvidia_h200.json"."""
+    return re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_") + ".json"
+
+
+def shipped_path(device: str = REFERENCE_DEVICE) -> Optional[Path]:
+    """The DB shipped for a device, or None when none is."""
+    p = shipped_dir() / device_file(device)
     return p if p.is_file() else None
 
 
-def opgen_version() -> str:
-    import opgen
-    return opgen.__version__
+def shipped_paths() -> List[Path]:
+    """Every shipped DB file, sorted."""
+    d = shipped_dir()
+    return sorted(d.glob("*.json")) if d.is_dir() else []
 
 
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+class _Shipped:
+    """The read-only DBs a TuningDB falls back on: the shipped file of each
+    key's device (opened the first time a key of that device is looked up),
+    or one given file for every key."""
+
+    def __init__(self, fixed: Optional[Path] = None):
+        self.fixed = fixed
+        self._files: Dict[Path, DBFile] = {}
+        self._paths: Dict[str, Optional[Path]] = {}      # device -> its file
+
+    def _file(self, path: Path) -> DBFile:
+        if path not in self._files:
+            self._files[path] = DBFile(path, shipped=True)
+        return self._files[path]
+
+    def for_key(self, key: str) -> Optional[DBFile]:
+        if self.fixed is not None:
+            return self._file(self.fixed)
+        try:
+            dev = DBKey.parse(key).device
+        except ValueError:                      # not a DBKey: no device, no shipped file
+            return None
+        if dev not in self._paths:
+            self._paths[dev] = shipped_path(dev)
+        p = self._paths[dev]
+        return None if p is None else self._file(p)
+
+    def all(self) -> List[DBFile]:
+        return [self._file(p) for p in ([self.fixed] if self.fixed is not None
+                                        else shipped_paths())]
+
+    def __repr__(self) -> str:
+        return repr(str(self.fixed if self.fixed is not None else shipped_dir()))
 
 
 # --- keys ---------------------------------------------------------------------
@@ -132,14 +158,12 @@ def make_key(spec, N: int, K: int, *, arch: Optional[str] = None,
              device: Optional[str] = None, nvrtc: Optional[str] = None,
              version: Optional[str] = None) -> DBKey:
     """The key for `spec` (a Spec) at N, K.  arch/device/nvrtc default to the
-    current GPU (imports opgen.runtime.device, so needs CUDA)."""
-    if arch is None or device is None or nvrtc is None:
-        from . import device as dev
-        arch = arch or dev.current_arch()
-        device = device or dev.device_name()
-        nvrtc = nvrtc or dev.nvrtc_version()
+    current GPU's (runtime.device: needs CUDA)."""
+    arch = arch or current_arch()
+    device = device or device_name()
+    nvrtc = nvrtc or nvrtc_version()
     return DBKey(spec.name, spec.content_hash(), arch, str(device).replace("|", "/"),
-                 version or opgen_version(), str(nvrtc), int(N), int(K))
+                 version or __version__, str(nvrtc), int(N), int(K))
 
 
 def make_record(config: dict, median_us: float, *, M: int, runner_up_us=(),
@@ -155,176 +179,6 @@ def make_record(config: dict, median_us: float, *, M: int, runner_up_us=(),
     return rec
 
 
-def _record_ok(rec) -> bool:
-    return (isinstance(rec, dict) and isinstance(rec.get("config"), dict)
-            and isinstance(rec.get("median_us"), (int, float)))
-
-
-# --- reading ------------------------------------------------------------------
-
-@dataclass
-class _State:
-    kind: str                                # ok | missing | corrupt | foreign
-    records: Dict[str, Dict[str, Record]] = field(default_factory=dict)
-    detail: str = ""
-
-
-def _parse(text: str) -> _State:
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        return _State("corrupt", detail=f"not valid JSON ({e})")
-    if not isinstance(data, dict):
-        return _State("corrupt", detail="the top level is not a JSON object")
-    fmt, ver = data.get("format"), data.get("version")
-    if fmt != FORMAT or ver != VERSION:
-        # Another format, a newer opgen's layout, or some unrelated JSON file
-        # that OPGEN_TUNING_DB points at by mistake: never ours to rewrite.
-        return _State("foreign", detail=f"format {fmt!r} version {ver!r}, "
-                                        f"expected {FORMAT!r} version {VERSION}")
-    records = data.get("records")
-    if not isinstance(records, dict):
-        return _State("corrupt", detail="'records' is not an object")
-    for key, per_bucket in records.items():
-        if not isinstance(per_bucket, dict):
-            return _State("corrupt", detail=f"records[{key!r}] is not an object")
-        for bucket, rec in per_bucket.items():
-            if not _record_ok(rec):
-                return _State("corrupt", detail=f"records[{key!r}][{bucket!r}] lacks "
-                                                "a 'config' object or a numeric 'median_us'")
-    return _State("ok", records)
-
-
-def _read_state(path: Path) -> Tuple[Optional[tuple], _State]:
-    """(signature, state) of the file now, read through one fd so that the
-    signature and the text belong to the same file even during a replace."""
-    try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            raw = f.read()
-    except FileNotFoundError:
-        return None, _State("missing")
-    except OSError as e:
-        return None, _State("corrupt", detail=f"cannot be read ({e})")
-    sig = (st.st_ino, st.st_mtime_ns, st.st_size)
-    try:
-        return sig, _parse(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        return sig, _State("corrupt", detail=f"not UTF-8 text ({e})")
-
-
-_NEVER = object()      # 'not warned yet' (a None signature is a real one)
-
-
-class _DBFile:
-    """One DB file, read lazily and cached until its (inode, mtime, size) change."""
-
-    def __init__(self, path: Path, shipped: bool = False):
-        self.path = path
-        self.shipped = shipped
-        self._sig: Optional[tuple] = None
-        self._state = _State("missing")
-        self._warned: object = _NEVER
-
-    def read(self) -> _State:
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            self._sig, self._state = None, _State("missing")
-            return self._state
-        except OSError:
-            st = None
-        if st is not None and self._sig == (st.st_ino, st.st_mtime_ns, st.st_size):
-            return self._state
-        self._sig, self._state = _read_state(self.path)
-        self._warn(self._state)
-        return self._state
-
-    def _warn(self, state: _State) -> None:
-        if state.kind not in ("corrupt", "foreign") or self._warned == self._sig:
-            return
-        self._warned = self._sig
-        what = "shipped tuning DB" if self.shipped else "opgen tuning DB"
-        if state.kind == "corrupt":
-            then = ("" if self.shipped else
-                    f"; the next write will copy it aside to {self.path}.corrupt-<timestamp> "
-                    "and start a fresh file")
-            msg = f"{what} {self.path} is unreadable: {state.detail}. Ignoring it " \
-                  f"(heuristic configs are used){then}."
-        else:
-            msg = f"{what} {self.path} is not a file this opgen understands: {state.detail}. " \
-                  "Ignoring it (heuristic configs are used); opgen will not overwrite it, " \
-                  f"so pass another path (argument, --db or ${ENV_VAR}) to store tuning results."
-        warnings.warn(msg, RuntimeWarning, stacklevel=4)
-
-
-# --- writing ------------------------------------------------------------------
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    """Exclusive flock on PATH.lock; the lock file stays (removing it would race)."""
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)           # closing releases the lock
-
-
-def _document(records: Dict[str, Dict[str, Record]]) -> dict:
-    """The JSON document, ordered for people: keys sorted, buckets by M, the
-    record fields in a fixed order."""
-    out = {}
-    for key in sorted(records):
-        per = {}
-        for bucket in sorted(records[key], key=lambda b: (bucket_order(b), b)):
-            rec = records[key][bucket]
-            ordered = {f: rec[f] for f in _RECORD_ORDER if f in rec}
-            ordered.update({f: rec[f] for f in sorted(rec) if f not in ordered})
-            per[bucket] = ordered
-        if per:
-            out[key] = per
-    return {"format": FORMAT, "version": VERSION, "records": out}
-
-
-def _atomic_write(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        mode = os.stat(path).st_mode & 0o777
-    except OSError:
-        mode = 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)    # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    # Make the rename itself durable (best effort: not every fs allows it).
-    with contextlib.suppress(OSError):
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
-def _copy_aside(path: Path) -> Path:
-    stamp = datetime.now().strftime("%Y%m%dT%H%M%S.%f")
-    backup = path.with_name(f"{path.name}.corrupt-{stamp}")
-    with open(path, "rb") as src, open(backup, "xb") as dst:
-        dst.write(src.read())
-        dst.flush()
-        os.fsync(dst.fileno())
-    return backup
-
-
 # --- the DB -------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -336,26 +190,31 @@ class Entry:
 
 
 class TuningDB:
-    """The user's DB file, backed by the read-only shipped DB for lookups.
+    """The user's DB file, backed by read-only shipped DBs for lookups.
 
-    shipped: True for the package's opgen/data/tuned_h200.json (if present),
-    False/None for none, or a path to another read-only DB file.
+    shipped: True for the package's DB of each key's device (shipped_path),
+    False/None for none, or a path to another read-only DB file (for every
+    key).
     """
 
     def __init__(self, path: Union[str, os.PathLike, None] = None, shipped=True):
         self.path = Path(path).expanduser() if path else default_path()
-        self._user = _DBFile(self.path)
+        self._user = DBFile(self.path)
         if shipped is True:
-            sp = shipped_path()
+            self._shipped: Optional[_Shipped] = _Shipped()
         elif shipped:
-            sp = Path(shipped)
+            self._shipped = _Shipped(Path(shipped))
         else:
-            sp = None
-        self._shipped = _DBFile(sp, shipped=True) if sp is not None else None
+            self._shipped = None
 
     def __repr__(self) -> str:
-        sp = self._shipped.path if self._shipped else None
-        return f"TuningDB({str(self.path)!r}, shipped={str(sp) if sp else None!r})"
+        return f"TuningDB({str(self.path)!r}, shipped={self._shipped!r})"
+
+    def _shipped_for(self, key: str) -> Optional[DBFile]:
+        return None if self._shipped is None else self._shipped.for_key(key)
+
+    def _shipped_all(self) -> List[DBFile]:
+        return [] if self._shipped is None else self._shipped.all()
 
     key = staticmethod(make_key)
 
@@ -364,28 +223,28 @@ class TuningDB:
         """The record for key and bucket: the user file's, else the shipped one's."""
         k = str(key)
         rec = self._user.read().records.get(k, {}).get(bucket)
-        if rec is None and self._shipped is not None:
-            rec = self._shipped.read().records.get(k, {}).get(bucket)
+        shipped = self._shipped_for(k)
+        if rec is None and shipped is not None:
+            rec = shipped.read().records.get(k, {}).get(bucket)
         return copy.deepcopy(rec)       # callers must not edit the cache
 
     def lookup_all(self, key: KeyLike) -> Dict[str, Record]:
         """{bucket: record} for key, user records overriding shipped ones."""
         k = str(key)
         out: Dict[str, Record] = {}
-        if self._shipped is not None:
-            out.update(self._shipped.read().records.get(k, {}))
+        shipped = self._shipped_for(k)
+        if shipped is not None:
+            out.update(shipped.read().records.get(k, {}))
         out.update(self._user.read().records.get(k, {}))
         return copy.deepcopy(out)
 
     def records(self, source: str = "user") -> List[Entry]:
-        """Every record of the user file ('user'), the shipped DB ('shipped')
+        """Every record of the user file ('user'), the shipped DBs ('shipped')
         or both ('all'), sorted by key then bucket."""
-        files = {"user": [self._user], "shipped": [self._shipped],
-                 "all": [self._user, self._shipped]}[source]
+        sources = {"user": [self._user], "shipped": self._shipped_all(),
+                   "all": [self._user, *self._shipped_all()]}[source]
         out = []
-        for f in files:
-            if f is None:
-                continue
+        for f in sources:
             src = "shipped" if f.shipped else "user"
             for key, per in f.read().records.items():
                 for bucket, rec in per.items():
@@ -403,14 +262,14 @@ class TuningDB:
         for _, bucket, rec in items:
             if bucket not in LABELS:
                 raise ValueError(f"unknown M bucket {bucket!r}; known: {', '.join(LABELS)}")
-            if not _record_ok(rec):
+            if not record_ok(rec):
                 raise ValueError("a record needs a 'config' dict and a numeric 'median_us'")
 
         def merge(records):
             for key, bucket, rec in items:
                 records.setdefault(key, {})[bucket] = copy.deepcopy(rec)
             return True
-        self._update(merge)
+        db_file.update(self.path, merge)
 
     def prune(self, predicate: Predicate) -> int:
         """Remove the user records for which predicate(key, bucket, record) is
@@ -425,61 +284,31 @@ class TuningDB:
                 if not records[key]:
                     del records[key]
             return n
-        return self._update(drop, write_if=lambda n: n > 0)
+        return db_file.update(self.path, drop, write_if=lambda n: n > 0)
 
     def export(self, path: Union[str, os.PathLike], include_shipped: bool = False) -> int:
         """Write the user records (and the shipped ones under them if asked) to
         a new DB file at `path`; returns the number of records written."""
         merged: Dict[str, Dict[str, Record]] = {}
-        sources = ([self._shipped] if include_shipped and self._shipped else []) + [self._user]
+        sources = (self._shipped_all() if include_shipped else []) + [self._user]
         for f in sources:
             for key, per in f.read().records.items():
                 merged.setdefault(key, {}).update(per)
-        _atomic_write(Path(path).expanduser(), _document(merged))
+        db_file.atomic_write(Path(path).expanduser(), db_file.document(merged))
         return sum(len(per) for per in merged.values())
-
-    def _update(self, mutate, write_if=lambda result: True):
-        path = self.path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(path):
-            _, state = _read_state(path)          # fresh: another writer may have been here
-            if state.kind == "foreign":
-                raise TuningDBError(
-                    f"refusing to write {path}: it is not a file this opgen understands "
-                    f"({state.detail}); it may belong to a newer opgen or to something else. "
-                    f"Pass another path (argument, --db or ${ENV_VAR}).")
-            if state.kind == "corrupt":
-                backup = _copy_aside(path)
-                warnings.warn(f"opgen tuning DB {path} was unreadable ({state.detail}); "
-                              f"copied it to {backup} and started a fresh file.",
-                              RuntimeWarning, stacklevel=3)
-                state = _State("ok")
-            result = mutate(state.records)
-            if write_if(result):
-                _atomic_write(path, _document(state.records))
-        return result
 
 
 # --- stale records -------------------------------------------------------------
 
 def shipped_spec_hashes() -> Dict[str, str]:
-    """{spec name: content hash} of the specs shipped in opgen.specs ({} if the
-    spec loader is not available)."""
-    try:
-        from importlib.resources import files
-        from opgen.codegen.validate import load_spec
-    except ImportError:
-        return {}
+    """{spec name: content hash} of the specs shipped in opgen.specs."""
     out = {}
-    for entry in files("opgen.specs").iterdir():
-        if not entry.name.endswith((".yaml", ".yml")):
-            continue
+    for path in shipped_specs().values():
         try:
-            spec = load_spec(Path(str(entry)))
+            spec = load_spec(path)
         except Exception:            # a broken shipped spec is not prune's business
             continue
-        if hasattr(spec, "content_hash"):
-            out[spec.name] = spec.content_hash()
+        out[spec.name] = spec.content_hash()
     return out
 
 
@@ -487,7 +316,7 @@ def stale(version: Optional[str] = None,
           spec_hashes: Optional[Dict[str, str]] = None) -> Predicate:
     """Predicate: records of another opgen version, or of a shipped spec whose
     content changed since.  Keys that do not parse are kept (not ours to judge)."""
-    version = version or opgen_version()
+    version = version or __version__
     spec_hashes = shipped_spec_hashes() if spec_hashes is None else spec_hashes
 
     def pred(key: str, bucket: str, record: Record) -> bool:
@@ -502,106 +331,7 @@ def stale(version: Optional[str] = None,
     return pred
 
 
-# --- tables and the `opgen db` command ---------------------------------------------
-
-def format_table(headers: List[str], rows: List[List[object]]) -> str:
-    """A plain-text table; numbers right-aligned."""
-    cells = [[("" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)) for v in r]
-             for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    numeric = [bool(rows) and all(isinstance(r[i], (int, float)) or r[i] is None for r in rows)
-               for i in range(len(headers))]
-
-    def line(vals):
-        return "  ".join(v.rjust(w) if num else v.ljust(w)
-                         for v, w, num in zip(vals, widths, numeric)).rstrip()
-    out = [line(headers), line(["-" * w for w in widths])] + [line(r) for r in cells]
-    return "\n".join(out)
-
-
-def config_label(record: Record) -> str:
-    name = record.get("config_name")
-    if name:
-        return str(name)
-    return ",".join(f"{k}={v}" for k, v in sorted(record.get("config", {}).items()))
-
-
 def speedup(record: Record) -> Optional[float]:
+    """How much faster the stored winner ran than the heuristic's pick."""
     h, t = record.get("heuristic_us"), record.get("median_us")
     return h / t if isinstance(h, (int, float)) and t else None
-
-
-def add_cli(subparsers) -> None:
-    """Add `opgen db show|prune|export`; each sets args.func(args) -> exit code."""
-    p = subparsers.add_parser("db", help="inspect and maintain the tuning database")
-    sub = p.add_subparsers(dest="db_command", metavar="{show,prune,export}")
-    sub.required = True
-
-    show = sub.add_parser("show", help="list tuned records")
-    show.add_argument("--spec", help="only this spec name")
-    show.add_argument("--path", help=f"DB file (default: ${ENV_VAR} or ~/.cache/opgen/tuning.json)")
-    show.add_argument("--no-shipped", action="store_true", help="hide the shipped DB")
-    show.set_defaults(func=_cli_show)
-
-    prune = sub.add_parser(
-        "prune", help="remove stale records (another opgen version, or a shipped spec "
-                      "whose content changed)")
-    prune.add_argument("--path")
-    prune.add_argument("--spec", help="remove every record of this spec instead")
-    prune.add_argument("--dry-run", action="store_true", help="only list what would go")
-    prune.set_defaults(func=_cli_prune)
-
-    export = sub.add_parser("export", help="write the records to another DB file")
-    export.add_argument("out", help="output JSON file")
-    export.add_argument("--path")
-    export.add_argument("--with-shipped", action="store_true",
-                        help="include the shipped records (user records win)")
-    export.set_defaults(func=_cli_export)
-
-
-def _cli_show(args) -> int:
-    db = TuningDB(args.path, shipped=not args.no_shipped)
-    rows = []
-    for e in db.records("all"):
-        try:
-            k = DBKey.parse(e.key)
-        except ValueError:
-            continue
-        if args.spec and k.spec != args.spec:
-            continue
-        r = e.record
-        rows.append([e.source, k.spec, k.spec_hash[:8], k.device, k.arch, k.opgen_version,
-                     k.nvrtc, k.N, k.K, e.bucket, r.get("M"), config_label(r),
-                     float(r["median_us"]), r.get("heuristic_us"), speedup(r)])
-    print(f"tuning DB: {db.path}" + ("" if db.path.exists() else " (no file yet)"))
-    if not rows:
-        print("no records" + (f" for spec {args.spec}" if args.spec else ""))
-        return 0
-    print(format_table(["source", "spec", "hash", "device", "arch", "opgen", "nvrtc", "N", "K",
-                        "bucket", "M", "config", "us", "heur us", "speedup"], rows))
-    return 0
-
-
-def _cli_prune(args) -> int:
-    db = TuningDB(args.path, shipped=False)
-    if args.spec:
-        def pred(key, bucket, rec):
-            return key.split("|", 1)[0] == args.spec
-    else:
-        pred = stale()
-    doomed = [e for e in db.records("user") if pred(e.key, e.bucket, e.record)]
-    for e in doomed:
-        print(f"{'would remove' if args.dry_run else 'remove'}  {e.key}  [{e.bucket}]")
-    if not args.dry_run and doomed:
-        n = db.prune(pred)
-        print(f"removed {n} record(s) from {db.path}")
-    elif not doomed:
-        print(f"nothing to remove in {db.path}")
-    return 0
-
-
-def _cli_export(args) -> int:
-    db = TuningDB(args.path)
-    n = db.export(args.out, include_shipped=args.with_shipped)
-    print(f"wrote {n} record(s) to {args.out}", file=sys.stderr)
-    return 0

@@ -10,34 +10,29 @@ quantize in torch ops, `torch._int_mm`, scale).  In the same run it measures
 the machine: device-to-device copy bandwidth and the dense fp16 / int8 / fp8
 matmul ceilings (cuBLAS at 8192^3), from which each row's floor is
 max(bytes moved / copy bandwidth, flops / ceiling).  Writes bench.json,
-bench.md, speedup.png and floor.png to --out.
+bench.md, speedup.png and floor.png to --out (nowhere else).
 
-Timing: runtime.tuner's _Timer (CUDA events; launches queued behind a spin
+Timing: runtime.timing.Timer (CUDA events; launches queued behind a spin
 kernel so Python's launch cost is hidden; median of samples; a device-time
 budget per measurement), with several copies of every input rotated so that
-one launch does not find the previous launch's data in L2.
+one launch does not find the previous launch's data in L2.  opgen's rows run
+on the runtime workbench (runtime/workbench.py), as the tuner's and the GPU
+tests' do.
 
-Layout (only runner.py touches torch and cupy, inside functions, so every
-module imports without them and the pure parts are tested on CPU):
-  plan.py      options, the default / --quick specs, shapes and Ms, the peers
-  roofline.py  bytes moved, flops, ceilings, floors, each row's ratios
-  targets.py   the issue's targets and their evaluation
-  report.py    bench.json, bench.md, the plots
-  verify.py    the tiled reference data and the check of output rows
-  runner.py    the GPU side (_Gpu): machine, peers, opgen's rows, precompile
-  entry.py     run (`opgen bench`) and main (`python -m opgen.bench`)
+Layout (runner.py and the modules it drives touch torch and cupy, inside
+runner.Gpu only, so every module imports without them and the pure parts are
+tested on CPU):
+  plan.py        the default / --quick specs, shapes and Ms, the peers, the Plan
+  roofline.py    bytes moved, flops, ceilings, floors, each row's ratios
+  targets.py     the performance targets and their evaluation (the report's
+                 Targets section; tests/perf/ holds them to it on a GPU)
+  report.py      bench.json, bench.md, the plots
+  runner.py      the GPU side (Gpu): environment, timing, memory
+  machine.py     copy bandwidth, matmul ceilings, the read-only kernel's time
+  peers.py       the peers' rows
+  opgen_rows.py  opgen's rows (op and fused linear), on the workbench
+  precompile.py  compiling ahead while the peers are timed
+  failures.py    how a failure is written into a row
+  entry.py       run: plan, time, write the outputs
+The command line is opgen/cli/bench.py.
 """
-from opgen.bench.entry import _command_line, main, run
-from opgen.bench.plan import (BASELINE, DEFAULT_BUDGET_MS, DEFAULT_MEM_CAP_GB, DEFAULT_MS,
-                              DEFAULT_OUT, DEFAULT_SHAPES, PEER_LABELS, PEERS, QUICK_MS,
-                              QUICK_SHAPES, QUICK_SPECS, Plan, _load_specs, add_arguments,
-                              parse_ints, parse_names, parse_shapes, resolve_plan,
-                              shipped_matmul_specs)
-from opgen.bench.report import (linear_table, markdown, peers_table, plot, results_table,
-                                targets_section, write_outputs)
-from opgen.bench.roofline import (PEAK_FOR_ACT, bytes_moved, finish_row, floors, matmul_flops,
-                                  peak_for, relevant_peer, storage_bytes, stored_shapes)
-from opgen.bench.runner import _Gpu, quantize_spec_for
-from opgen.bench.targets import TARGET_SHAPE, TARGETS, W4_SPECS, Target, evaluate_targets
-from opgen.bench.verify import (BASE_LIMIT, base_rows, base_shape, check_rows, check_rows_of,
-                                tile_to)

@@ -1,44 +1,37 @@
-"""The entry points: `run` (`opgen bench`: plan, time, write the outputs) and
-`main` (`python -m opgen.bench`)."""
+"""`opgen bench`'s run: plan, time, write the outputs (the command line that
+starts it: opgen/cli/bench.py)."""
 from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 import time
-from typing import Optional, Sequence
 
-from opgen.bench import runner
-from opgen.bench.plan import _load_specs, add_arguments, resolve_plan
-from opgen.bench.report import results_table, targets_section, write_outputs
-from opgen.bench.roofline import READ_ONLY_MAX_M, add_read_only, finish_row
-from opgen.bench.targets import TARGET_SHAPE, evaluate_targets
-
-def _command_line(args) -> str:
-    entry = getattr(args, "entry", "opgen bench")
-    rest = sys.argv[1:]
-    if entry == "opgen bench" and rest[:1] == ["bench"]:
-        rest = rest[1:]
-    return " ".join([entry, shlex.join(rest)]).strip()
+from ..codegen import planner
+from ..codegen.errors import UserError
+from ..runtime.tuning_db import TuningDB
+from . import runner
+from .plan import matmul_specs, resolve_plan
+from .report import results_table, targets_section, write_outputs
+from .roofline import READ_ONLY_MAX_M, add_read_only, finish_row
+from .targets import TARGET_SHAPE, evaluate_targets
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark (needs a CUDA GPU, torch and cupy)."""
-    from opgen.codegen.errors import UserError
+def run(args: argparse.Namespace, command: str) -> int:
+    """Run the benchmark (needs a CUDA GPU, torch and cupy); args: `opgen
+    bench`'s options, command: the command line as typed (for bench.json)."""
     t_start = time.time()
     plan = resolve_plan(args)
-    specs = _load_specs(plan.specs)
-    from opgen.codegen import planner
+    specs = matmul_specs(plan.specs)
     for spec in specs:
         for N, K in plan.shapes:
             try:
                 planner.check_shape(spec, N, K)
             except planner.PlanError as e:
                 raise UserError(f"{spec.name} at N={N}, K={K}: {e}") from None
-    g = runner._Gpu(budget_ms=args.budget_ms, mem_cap=int(args.mem_cap_gb * (1 << 30)), seed=args.seed)
+    g = runner.Gpu(budget_ms=args.budget_ms, mem_cap=int(args.mem_cap_gb * (1 << 30)), seed=args.seed)
     results = {
-        "command": _command_line(args), "argv": list(sys.argv), "cwd": os.getcwd(),
+        "command": command, "argv": list(sys.argv), "cwd": os.getcwd(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "env": g.env(),
         "plan": {"specs": [s.name for s in specs], "shapes": [list(s) for s in plan.shapes],
@@ -50,7 +43,6 @@ def run(args: argparse.Namespace) -> int:
     }
     db = None
     if not args.no_db:
-        from opgen.runtime.tuning_db import TuningDB
         db = TuningDB(args.db)
         results["db"] = str(getattr(db, "path", args.db))
     g.log(f"{results['env'].get('device')}: {len(specs)} specs x {len(plan.shapes)} shapes x "
@@ -106,24 +98,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"opgen bench: {len(failed)} row(s) failed or computed wrong results "
               "(see bench.md, Problems)", file=sys.stderr)
     return 1 if failed else 0
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`python -m opgen.bench [options]` (the same as `opgen bench`)."""
-    from opgen.codegen.errors import SpecErrors, UserError
-    p = argparse.ArgumentParser(prog="python -m opgen.bench",
-                                description="time opgen's kernels against the peers on this GPU")
-    add_arguments(p)
-    p.set_defaults(entry="python -m opgen.bench")
-    args = p.parse_args(argv)
-    try:
-        return run(args)
-    except SpecErrors as e:
-        sys.stdout.flush()
-        for err in e.errors:
-            print(err, file=sys.stderr)
-        return 2
-    except UserError as e:
-        sys.stdout.flush()
-        print(f"opgen bench: error: {e}", file=sys.stderr)
-        return 2

@@ -187,6 +187,28 @@ def markdown(results: dict) -> str:
 
 # --- plots ------------------------------------------------------------------------
 
+# One style per spec: 18 colours (tab10, then 8 darker or brighter ones) against
+# 7 markers (coprime lengths: no (colour, marker) pair repeats within 126
+# specs), and a second line style once the colours come round, so two specs
+# never share both colour and marker.
+PLOT_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#000080", "#808000", "#800000",
+                "#008080", "#ffd700", "#00ff00", "#ff00ff")
+PLOT_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+PLOT_LINESTYLES = ("-", "--", "-.")
+
+
+def plot_styles(specs: Sequence[str]) -> dict:
+    """{spec: (colour, marker, linestyle)}: the i-th spec name in sorted order
+    takes entry i of the cycle, so a spec keeps its style in every panel and
+    in both plots, whatever order the rows come in."""
+    out = {}
+    for i, s in enumerate(sorted(set(specs))):
+        out[s] = (PLOT_COLOURS[i % len(PLOT_COLOURS)], PLOT_MARKERS[i % len(PLOT_MARKERS)],
+                  PLOT_LINESTYLES[i // len(PLOT_COLOURS) % len(PLOT_LINESTYLES)])
+    return out
+
+
 def plot(results: dict, out_dir: Path) -> List[str]:
     """speedup.png (speedup over cuBLAS fp16 vs M) and floor.png (% of floor vs
     M), one subplot per shape, one line per spec.  [] (with a message) when
@@ -195,6 +217,7 @@ def plot(results: dict, out_dir: Path) -> List[str]:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
     except ImportError:
         print("opgen bench: matplotlib not installed, no plots", file=sys.stderr)
         return []
@@ -202,6 +225,7 @@ def plot(results: dict, out_dir: Path) -> List[str]:
     shapes = list(dict.fromkeys((r["N"], r["K"]) for r in rows))
     if not shapes:
         return []
+    styles = plot_styles([r["spec"] for r in rows])
     written = []
     for fname, key, ylabel, ref in (
             ("speedup.png", "speedup_vs_cublas_fp16", "speedup over cuBLAS fp16 (x)", 1.0),
@@ -210,12 +234,13 @@ def plot(results: dict, out_dir: Path) -> List[str]:
         nrow = -(-len(shapes) // ncol)
         fig, axes = plt.subplots(nrow, ncol, figsize=(6.5 * ncol, 4.5 * nrow), squeeze=False)
         for ax, (N, K) in zip(axes.flat, shapes):
-            specs = list(dict.fromkeys(r["spec"] for r in rows if (r["N"], r["K"]) == (N, K)))
-            for s in specs:
+            for s in sorted({r["spec"] for r in rows if (r["N"], r["K"]) == (N, K)}):
                 pts = sorted((r["M"], r[key]) for r in rows
                              if (r["N"], r["K"], r["spec"]) == (N, K, s) and r.get(key) is not None)
                 if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s)
+                    colour, marker, line = styles[s]
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, marker=marker,
+                            linestyle=line, markersize=5, label=s)
             ax.axhline(ref, color="gray", linestyle="--", linewidth=1)
             ax.set_xscale("log", base=2)
             ms = sorted({r["M"] for r in rows if (r["N"], r["K"]) == (N, K)})
@@ -228,13 +253,16 @@ def plot(results: dict, out_dir: Path) -> List[str]:
             ax.set_xlabel("M (tokens)")
             ax.set_ylabel(ylabel)
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
         for ax in list(axes.flat)[len(shapes):]:
             ax.set_visible(False)
+        # One legend for all panels (a spec has one style everywhere), outside them.
+        handles = [Line2D([], [], color=c, marker=m, linestyle=ls, markersize=5)
+                   for c, m, ls in styles.values()]
         fig.suptitle(f"opgen on {results.get('env', {}).get('device', '?')}")
         fig.tight_layout()
+        fig.legend(handles, list(styles), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
         path = Path(out_dir) / fname
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(str(path))
     return written

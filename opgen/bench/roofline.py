@@ -4,11 +4,12 @@ ratios each result row gets (speedups, % of floor).  Pure Python."""
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
-from opgen.bench.plan import BASELINE
+from ..codegen.spec import CONTAINER_BITS, stored_shapes
+from .plan import BASELINE
 
-# Ceilings measured at start-up (see _Gpu.measure_machine); keys of "measured".
+# Ceilings measured at start-up (machine.measure_machine); keys of "measured".
 PEAK_FOR_ACT = {"float16": "fp16_tflops", "bfloat16": "fp16_tflops", "int8": "int8_tops",
                 "float8_e4m3": "fp8_tflops"}
 
@@ -20,35 +21,22 @@ _STORE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "uint8": 1
 def storage_bytes(spec, N: int, K: int) -> Dict[str, int]:
     """Bytes of each stored weight tensor (qweight in its packed size, scales,
     zeros), as the kernels read them."""
-    from opgen.codegen.spec import CONTAINER_BITS, scale_shape, weight_storage_shape, zero_shape
     w = spec.b
-    rows, cols = weight_storage_shape(w, N, K)
+    shapes = stored_shapes(spec, N, K)
     if w.pack is not None:
         elem = CONTAINER_BITS[w.pack.container] // 8
     else:   # unpacked: 16-bit floats 2 bytes, everything else one byte per code
         elem = _STORE_BYTES.get(w.dtype, 1)
-    out = {"qweight": rows * cols * elem}
-    if w.scale is not None:
-        out["scales"] = math.prod(scale_shape(w.scale, N, K)) * _STORE_BYTES[w.scale.dtype]
-    if w.zero.kind in ("float", "int"):
+    out = {"qweight": math.prod(shapes["qweight"]) * elem}
+    if "scales" in shapes:
+        out["scales"] = math.prod(shapes["scales"]) * _STORE_BYTES[w.scale.dtype]
+    if "zeros" in shapes:
         z = w.zero
         if z.kind == "int":
             zb = CONTAINER_BITS[z.pack.container] // 8 if z.pack is not None else 1
         else:
             zb = _STORE_BYTES[z.dtype]
-        out["zeros"] = math.prod(zero_shape(w, N, K)) * zb
-    return out
-
-
-def stored_shapes(spec, N: int, K: int) -> Dict[str, Tuple[int, ...]]:
-    """Shapes of the stored weight tensors, as random_weight_tensors makes them."""
-    from opgen.codegen.spec import scale_shape, weight_storage_shape, zero_shape
-    w = spec.b
-    out = {"qweight": tuple(weight_storage_shape(w, N, K))}
-    if w.scale is not None:
-        out["scales"] = tuple(scale_shape(w.scale, N, K))
-    if w.zero.kind in ("float", "int"):
-        out["zeros"] = tuple(zero_shape(w, N, K))
+        out["zeros"] = math.prod(shapes["zeros"]) * zb
     return out
 
 
@@ -139,7 +127,7 @@ def finish_row(row: dict, spec, measured: dict) -> dict:
 
 
 # Memory-bound rows up to this M also get the time of a kernel that only
-# reads their bytes (runner.read_time): the floor as this timer sees it.
+# reads their bytes (machine.ReadTimes): the floor as this timer sees it.
 READ_ONLY_MAX_M = 16
 
 

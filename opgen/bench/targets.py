@@ -1,14 +1,16 @@
-"""The issue's performance targets (at N = K = 8192) and their evaluation
-against the result rows.  Pure Python."""
+"""The performance targets (at N = K = 8192), the one list of them, and their
+evaluation against result rows: `opgen bench`'s report shows each run's
+standing (report.targets_section) and tests/perf/ holds a GPU run to them.
+Pure Python."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from opgen.bench.roofline import _r
+from .roofline import _r
 
 TARGET_SHAPE = (8192, 8192)
-# (GPTQ as the checkpoint stores it, and repacked once at load for the swapped GEMM.)
+# (GPTQ as the checkpoint stores it, and repacked once at load for the rs GEMM.)
 W4_SPECS = ("gptq_v2_w4a16_g128", "gptq_v2_w4a16_g128_repacked", "w4a16_sym_g128")
 
 

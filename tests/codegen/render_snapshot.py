@@ -43,7 +43,7 @@ def jobs(picks=None):
     """(key, spec, config, arch) for every kernel to snapshot, in a fixed order;
     `picks` (a dict) receives the heuristic's pick at each (spec, arch, shape,
     M) with its grid and dynamic shared memory."""
-    from opgen.codegen.validate import load_spec, shipped_specs
+    from opgen.codegen.resolve import load_spec, shipped_specs
     from opgen.codegen import planner
     from opgen.runtime import tuning_db
 

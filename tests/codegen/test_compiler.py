@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from opgen.codegen import planner
 from opgen.codegen.build import build_spec
-from opgen.codegen.validate import load_spec, shipped_specs
+from opgen.codegen.resolve import load_spec, shipped_specs
 from opgen.codegen import compiler
 from strategies import runnable_shape, valid_spec_dicts
 
@@ -118,6 +118,7 @@ def test_tma_sass_and_resources(name, cluster):
         _check_tma_kernel(s, planner.Config("gemm", BM, BN, BK, 64, WN, 4, 1, wgmma=True, tma=True, cluster=cluster))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["w4a16_sym_g128", "gptq_v2_w4a16_g128", "bnb_nf4", "mxfp4", "w2a16_g128",
                                   "bitnet_b158", "fp8_e4m3_w8a16"])
 def test_tma_decode_sass_and_resources(name):
@@ -133,11 +134,12 @@ def test_tma_decode_sass_and_resources(name):
         _check_tma_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,table", [("w4a16_sym_g128", planner.RS_REGS),
                                         ("gptq_v1_w4a16_g128_repacked", planner.RS_REGS_INT_ZERO),
                                         ("gptq_v2_w4a16_g128_repacked", planner.RS_REGS_INT_ZERO)])
-def test_swapped_gemm_sass_and_resources(name, table):
-    """Every kind of swapped-GEMM config the tuner may time (each tile, k-tile
+def test_rs_gemm_sass_and_resources(name, table):
+    """Every kind of rs GEMM config the tuner may time (each tile, k-tile
     depth and k-group count, in its deepest ring): no spills or local memory,
     TMA and HGMMA in the SASS, no cp.async, ptxas does not serialize the
     wgmma (C7513: fragment registers written while one is in flight), the

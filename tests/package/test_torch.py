@@ -15,7 +15,9 @@ from torch import nn  # noqa: E402
 
 import opgen.torch as ot  # noqa: E402
 from opgen import checkpoints as ck  # noqa: E402
+from opgen.codegen.resolve import as_spec  # noqa: E402
 from opgen.codegen import reference as R  # noqa: E402
+from opgen.codegen.quantize_weight import quantize  # noqa: E402
 
 WEIGHT_ONLY = ["gptq_v1_w4a16_g128", "gptq_v2_w4a16_g128", "awq_w4a16_g128", "bnb_nf4", "bitnet_b158"]
 ALL_SPECS = WEIGHT_ONLY + ["w8a8_int8"]
@@ -65,7 +67,7 @@ def test_replace_linear(spec):
     assert report.replaced == ["0", "2"]
     assert list(report.skipped) == ["4"] and "N=10 must be a multiple of 8" in report.skipped["4"]
     assert isinstance(model[4], nn.Linear)
-    s = ck.shipped_spec(spec)
+    s = as_spec(spec)
     for i, bias in ((0, True), (2, False)):
         q = model[i]
         assert isinstance(q, ot.QuantLinear) and q.spec_name == spec
@@ -114,7 +116,7 @@ def test_layer_matches_reference_matmul():
 
 @pytest.mark.parametrize("target", ["int8", "float8_e4m3"])
 def test_quantize_activation_matches_reference(target):
-    spec = ck.shipped_spec("quantize_int8_row" if target == "int8" else "quantize_fp8_row")
+    spec = as_spec("quantize_int8_row" if target == "int8" else "quantize_fp8_row")
     rng = np.random.default_rng(zlib.crc32(target.encode()))
     x = (rng.standard_normal((6, 64)) * 3).astype(np.float16)
     x[1] = 0                                            # zero row: scale 1
@@ -207,7 +209,7 @@ def test_from_checkpoint_torch_tensors():
 
 
 def test_quantlinear_refuses_bad_storage():
-    t = R.quantize(ck.shipped_spec("awq_w4a16_g128"), np.ones((64, 256), np.float32))
+    t = quantize(as_spec("awq_w4a16_g128"), np.ones((64, 256), np.float32))
     with pytest.raises(ValueError, match=r"^scales: dtype float32, expected float16"):
         ot.QuantLinear("awq_w4a16_g128", 256, 64, t["qweight"], t["scales"].astype(np.float32), t["zeros"])
     with pytest.raises(ValueError, match="must be a multiple of the scale group 128"):

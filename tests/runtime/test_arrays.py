@@ -32,12 +32,3 @@ def test_rejects_foreign_objects():
     torch = pytest.importorskip("torch")
     with pytest.raises(ValueError, match="on cpu"):
         arrays.view(torch.zeros(4), "a")
-
-
-def test_load_without_gpu_says_so():
-    from opgen.runtime.device import NoGPUError, has_gpu
-    if has_gpu():
-        pytest.skip("a GPU is present")
-    import opgen
-    with pytest.raises(NoGPUError, match="opgen build"):
-        opgen.load("gptq_v2_w4a16_g128", N=1024, K=1024)

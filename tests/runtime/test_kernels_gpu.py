@@ -1,35 +1,33 @@
 """Every shipped matmul spec, both kernel families, several configurations:
-GPU output vs the numpy reference on fresh random data, output poisoned first.
-
-Tolerance: ||out - ref|| / ||ref|| against the fp32 reference before the final
-cast. Weights are dequantized to the activation type (fp16: 11-bit mantissa,
-relative rounding 2^-11 ~ 4.9e-4 per element; bf16: 2^-8 ~ 3.9e-3) and the
-output is rounded once more; fp32 accumulation adds little. With independent
-rounding errors that gives a norm-relative error of a few 1e-4 (fp16) and a few
-1e-3 (bf16): we allow 2e-3 and 1.5e-2. int8 x int8 accumulates exactly, so
-only the output rounding remains.
+GPU output vs the numpy reference on fresh random data, output poisoned first
+(runtime.workbench.full_check), held to the one tolerance policy
+(codegen/tolerance.py: ||out - ref|| / ||ref|| against the fp32 reference,
+from the dtypes the kernel rounds through).
 """
 import functools
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from opgen.codegen import planner
-from opgen.codegen.reference import (dequantize, random_activation, random_bias,
-                                     random_weight_tensors, reference_matmul_f32)
-from opgen.codegen.validate import load_spec, shipped_specs
+from opgen.codegen import hw, planner
+from opgen.codegen.compiler import compile_many
+from opgen.codegen.lower import numerics, weight_layout
+from opgen.codegen.random_data import random_weight_tensors
+from opgen.codegen.reference import dequantize
+from opgen.codegen.tolerance import tolerance
+from opgen.codegen.resolve import load_spec, shipped_specs
+from opgen.codegen.validate import spec_from_dict
+from opgen.runtime import workbench
+from opgen.runtime.device import current_arch
+from opgen.runtime.kernel import Kernel
 from strategies import runnable_shape, valid_spec_dicts
 
 pytestmark = pytest.mark.gpu
 
 MATMUL_SPECS = sorted(n for n, p in shipped_specs().items() if load_spec(p).op == "matmul")
-
-
-def tolerance(spec) -> float:
-    return {"float16": 2e-3, "bfloat16": 1.5e-2, "float32": 2e-3}[spec.out.dtype] \
-        if spec.a.dtype != "bfloat16" else 1.5e-2
 
 
 @functools.lru_cache(maxsize=48)
@@ -41,33 +39,14 @@ def weights(spec, N, K):
     return t, dequantize(spec, t, N, K)
 
 
-# NaN bit patterns the output is filled with before each launch.
-POISON = {"float16": (np.uint16, 0x7E00), "bfloat16": (np.uint16, 0x7FC0),
-          "float32": (np.uint32, 0x7FC00000)}
+@functools.lru_cache(maxsize=1)
+def session():
+    return workbench.Session(current_arch())
 
 
 def run_check(spec, cfg, M, N, K, seed, record=None):
-    import cupy as cp
-    from opgen.runtime.kernel import Kernel
-
-    rng = np.random.default_rng(seed)
-    tensors, w_real = weights(spec, N, K)
-    a, a_scale = random_activation(spec, M, K, rng)   # fresh every check
-    bias = random_bias(spec, N, rng) if spec.epilogue.bias else None
-    ref = reference_matmul_f32(spec, a, tensors, a_scale=a_scale, bias=bias, w_real=w_real)
-    kern = Kernel(spec, cfg)
-    bits_t, nan = POISON[spec.out.dtype]
-    out = cp.full((M, N), nan, dtype=bits_t)
-    dev = {k: cp.asarray(v) for k, v in tensors.items()}
-    kern(cp.asarray(a), dev, out, a_scale=None if a_scale is None else cp.asarray(a_scale),
-         bias=None if bias is None else cp.asarray(bias))
-    cp.cuda.get_current_stream().synchronize()
-    got = out.get()
-    got = {"float16": lambda g: g.view(np.float16), "float32": lambda g: g.view(np.float32),
-           "bfloat16": lambda g: (g.astype(np.uint32) << 16).view(np.float32)}[spec.out.dtype](got)
-    got = got.astype(np.float64)
-    err = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
-    finite = bool(np.isfinite(got).all())
+    err, finite = workbench.full_check(session(), spec, Kernel(spec, cfg), M, N, K,
+                                       np.random.default_rng(seed), weights=weights(spec, N, K))
     if record is not None:
         record(spec=spec.name, config=cfg.name, M=M, N=N, K=K, rel_err=err, finite=finite,
                tol=tolerance(spec), ok=finite and err <= tolerance(spec))
@@ -102,8 +81,6 @@ def shapes_for(M):
 @pytest.fixture(scope="module", autouse=True)
 def precompiled():
     """Compile every kernel this module launches on all cores up front."""
-    from opgen.codegen.compiler import compile_many
-    from opgen.runtime.device import current_arch
     arch = current_arch()
     jobs = {(load_spec(shipped_specs()[n]), cfg, arch)
             for n in MATMUL_SPECS for M in MS for (N, K) in shapes_for(M)
@@ -115,7 +92,6 @@ def precompiled():
 @pytest.mark.parametrize("name", MATMUL_SPECS)
 @pytest.mark.parametrize("M", MS)
 def test_spec_matches_reference(name, M, record):
-    from opgen.runtime.device import current_arch
     spec = load_spec(shipped_specs()[name])
     arch = current_arch()
     for (N, K) in shapes_for(M):
@@ -128,7 +104,6 @@ def test_spec_matches_reference(name, M, record):
 @given(data=st.data())
 def test_odd_shapes(name, data, record):
     """Odd M and the smallest N, K the alignment rules allow, any valid config."""
-    from opgen.runtime.device import current_arch
     spec = load_spec(shipped_specs()[name])
     arch = current_arch()
     M = data.draw(st.integers(1, 300), label="M")
@@ -148,9 +123,6 @@ def test_odd_shapes(name, data, record):
 def test_fp8_activation_fallback(M, monkeypatch, record):
     """The path sm_80/86 take for fp8 activations (widened to fp16 in shared
     memory, f16 mma), forced on this GPU by hiding its e4m3 mma."""
-    from dataclasses import replace
-    from opgen.codegen import hw
-    from opgen.runtime.device import current_arch
     arch = current_arch()
     monkeypatch.setitem(hw.ARCHS, arch, replace(hw.ARCHS[arch], fp8_mma=False))
     spec = load_spec(shipped_specs()["fp8_e4m3_w8a8"])
@@ -165,8 +137,6 @@ def test_fp8_activation_fallback(M, monkeypatch, record):
 def test_generated_specs_match_reference(d, M, data, record):
     """Any valid spec the planner accepts: a random candidate config against the
     reference (formats, packings, orders, zero kinds, epilogues beyond the shipped set)."""
-    from opgen.codegen.validate import spec_from_dict
-    from opgen.runtime.device import current_arch
     spec = spec_from_dict(d)
     if spec.op != "matmul" or runnable_shape(spec) is None:
         return
@@ -184,8 +154,6 @@ WGMMA_SPECS = [n for n in MATMUL_SPECS if n != "awq_w4a16_g128"]   # K-major wei
 
 def check_all(spec, cfgs, M, N, K, record):
     """run_check for each config, compiled first on all cores."""
-    from opgen.codegen.compiler import compile_many
-    from opgen.runtime.device import current_arch
     for _ in compile_many({(spec, c, current_arch()) for c in cfgs}):
         pass
     for i, cfg in enumerate(cfgs):
@@ -197,7 +165,6 @@ def check_all(spec, cfgs, M, N, K, record):
 def test_wgmma_matches_reference(name, M, N, K, record):
     """Every wgmma tile shape (sm_90a) at an odd M and at N not a multiple of
     the tile (tails), one stage count and split each, against the reference."""
-    from opgen.runtime.device import current_arch
     arch = current_arch()
     spec = load_spec(shipped_specs()[name])
     one_each = {}      # (tile, split) -> its first config
@@ -214,7 +181,6 @@ TMA_SPECS = [n for n in MATMUL_SPECS
 
 
 def _dense(name):
-    from opgen.codegen.lower import numerics
     return numerics(load_spec(shipped_specs()[name])).dense
 
 
@@ -230,7 +196,6 @@ def test_tma_matches_reference(name, M, N, K, record):
     pair; for weights stored [N, K] that need decoding, the producer
     warpgroup's decode) at tails in M, N (not a multiple of the tile) and K,
     which TMA fills with zeros."""
-    from opgen.runtime.device import current_arch
     spec = load_spec(shipped_specs()[name])
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.tma and not c.rs]
     if not cfgs:
@@ -245,17 +210,16 @@ RS_SPECS = [n for n in MATMUL_SPECS
 @pytest.mark.parametrize("name", RS_SPECS)
 @pytest.mark.parametrize("M,N,K", [(13, 264, 1152), (70, 264, 1152), (300, 1032, 2176)])
 def test_rs_matches_reference(name, M, N, K, record):
-    """Every config of the swapped GEMM (weights decoded into wgmma's register
+    """Every config of the rs GEMM (weights decoded into wgmma's register
     operand; m-tile = wgmma N, k-tile depth, ring depth, k-groups, the
     setmaxnreg split) at tails: M inside one 16-row tile (the tuner takes it
     from M = 9) and past several, N past the 64 / 128 weight rows of a block
     (rows and scales past N), K = 18 and 34 64-deep k-tiles (9 and 17 of
     128: k-groups of unequal length)."""
-    from opgen.runtime.device import current_arch
     spec = load_spec(shipped_specs()[name])
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.rs]
     if not cfgs:
-        pytest.skip(f"no swapped-GEMM configs on {current_arch()}")
+        pytest.skip(f"no rs GEMM configs on {current_arch()}")
     check_all(spec, cfgs, M, N, K, record)
 
 
@@ -264,7 +228,6 @@ def test_rs_matches_reference(name, M, N, K, record):
 def test_every_candidate(name, M, record):
     """Every configuration the tuner may time, at a small odd shape: a config
     that faults would otherwise take a whole tuning run down."""
-    from opgen.runtime.device import current_arch
     spec = load_spec(shipped_specs()[name])
     N, K = 264, 1024
     check_all(spec, planner.candidates(spec, current_arch(), M, N, K), M, N, K, record)
@@ -274,7 +237,6 @@ def _gemv_specs(row_axis):
     """Specs with fp16/bf16 activations whose weights are stored [N, K]
     (row_axis "n": the row GEMV, activations staged in shared memory) or
     [K, N] ("k", GPTQ and AWQ: the column GEMV)."""
-    from opgen.codegen.lower import weight_layout
     out = []
     for name in MATMUL_SPECS:
         spec = load_spec(shipped_specs()[name])
@@ -290,7 +252,6 @@ def test_every_row_gemv(name, M, record):
     of activations staged; the tensor-core one for up to 16 rows, M = 12: two
     m-tiles, the second part-filled) at N = 264 (the last block's column sets
     run past N) and K = 1152 (runs of vectors end part-way)."""
-    from opgen.runtime.device import current_arch
     spec = load_spec(shipped_specs()[name])
     N, K = 264, 1152
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.family == "gemv"]
@@ -302,7 +263,6 @@ def test_every_row_gemv(name, M, record):
 def test_every_column_gemv(name, M, record):
     """Every column-GEMV config (vector width, split-K, rows of activations)
     at N = 288 and K = 1152: the warps' runs end part-way through the slice."""
-    from opgen.runtime.device import current_arch
     spec = load_spec(shipped_specs()[name])
     N, K = 288, 1152
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.family == "gemv"]
@@ -320,7 +280,6 @@ def test_predecode_matches_reference(name, M, N, K, record):
     """Every predecode config (dequant stage into the scratch tensor, then the
     dense GEMM) at N past the tile (288; a multiple of 32 for AWQ's 16-byte
     rows) and at the size it is picked for."""
-    from opgen.runtime.device import current_arch
     spec = load_spec(shipped_specs()[name])
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.predecode]
     if K == 4096:    # the large shape: one tile per kind (mma.sync / wgmma, width)

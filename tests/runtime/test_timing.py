@@ -5,7 +5,7 @@ The CPU tests drive Timer.measure's sampling policy with a fake _samples; the
 """
 import pytest
 
-from opgen.runtime import timing
+from opgen.runtime import timing, tuner
 from opgen.runtime.timing import Timer, n_copies
 
 
@@ -105,7 +105,6 @@ def test_rank_is_cheap():
 
 
 def test_tuner_and_bench_share_the_timer():
-    from opgen.runtime import tuner
     assert tuner.Timing is timing.Timing
     assert tuner.BUDGET_MS == timing.BUDGET_MS and tuner.DROP_RATIO == timing.DROP_RATIO
 

@@ -1,6 +1,12 @@
 """runtime/tma.py on the CPU: which boxes the tensor maps ask for, and their
 cache (the encoding itself needs the driver: the GPU tests run it)."""
+from opgen.codegen import planner
+from opgen.codegen.resolve import load_spec, shipped_specs
 from opgen.runtime import tma
+
+
+def spec(name):
+    return load_spec(shipped_specs()[name])
 
 
 def test_boxes_and_cache(monkeypatch):
@@ -12,7 +18,11 @@ def test_boxes_and_cache(monkeypatch):
         return tma.TensorMap()
 
     monkeypatch.setattr(tma, "encode_2d", fake_encode)
-    maps = tma.TmaMaps(elem_bytes=2, box_a=(128, 64), BN=256, BK=64, cluster=2)
+    # The planner's boxes for a 128 x 256 tile in clusters of 2 (fp16).
+    cfg = planner.Config("gemm", 128, 256, 64, 64, 256, 4, 1, wgmma=True, tma=True, cluster=2)
+    boxes = planner.plan(spec("fp16"), cfg, "sm_90").tma
+    assert boxes == planner.TmaBoxes(elem_bytes=2, box_a=(128, 64), box_b=(128, 64), cluster=2)
+    maps = tma.TmaMaps(boxes)
     a = maps.a(0x1000, 300, 4096)
     assert maps.a(0x1000, 300, 4096) is a                  # cached per buffer and shape
     maps.b(0x2000, 8192, 4096)
@@ -26,10 +36,10 @@ def test_boxes_and_cache(monkeypatch):
     # decoded weights: the stored words as 4-byte elements of their layout,
     # unswizzled boxes of the raw tile. w4a16_sym: bytes [N, K / 2] -> [8192, 512]
     # words, box 128 rows x 32 bytes; GPTQ: int32 [K / 8, N], box 8 rows x BN words.
-    from opgen.codegen.lower import weight_layout
-    from opgen.codegen.validate import load_spec, shipped_specs
-    sym, gptq = (weight_layout(load_spec(shipped_specs()[n])) for n in ("w4a16_sym_g128", "gptq_v2_w4a16_g128"))
+    dec = planner.Config("gemm", 64, 128, 64, 64, 128, 4, 1, wgmma=True, tma=True)
+    sym, gptq = (planner.plan(spec(n), dec, "sm_90").tma for n in ("w4a16_sym_g128", "gptq_v2_w4a16_g128"))
+    assert (sym.box_b, gptq.box_b, sym.b_elem_bytes) == ((128, 8), (8, 128), 4)
     calls.clear()
-    tma.TmaMaps(2, (64, 64), 128, 64, 1, stored=sym, stored_box=(128, 32)).b(0x3000, 8192, 4096)
-    tma.TmaMaps(2, (64, 64), 128, 64, 1, stored=gptq, stored_box=(8, 512)).b(0x4000, 8192, 4096)
+    tma.TmaMaps(sym).b(0x3000, 8192, 4096)
+    tma.TmaMaps(gptq).b(0x4000, 8192, 4096)
     assert calls == [(0x3000, 8192, 512, 4, 128, 8), (0x4000, 512, 8192, 4, 8, 128)]

@@ -1,10 +1,20 @@
 """The empirical tuner on the GPU (needs an NVIDIA GPU; the CPU tests of its
 control flow, with fakes, are in test_tuner.py)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from opgen.runtime import tuner
-from opgen.runtime.tuner import tolerance, tune_many
+from opgen.codegen.planner import Config
+from opgen.codegen.tolerance import tolerance
+from opgen.codegen.resolve import as_spec
+from opgen.runtime import workbench
+from opgen.runtime.device import current_arch
+from opgen.runtime.kernel import Kernel
+from opgen.runtime.tuner import tune_many
 from opgen.runtime.tuning_db import TuningDB
 
 
@@ -14,18 +24,7 @@ def test_tune_end_to_end(tmp_path):
     at 2048^2 and tiled on the GPU); the stored winners, rebuilt from the DB,
     match the full numpy reference on a fresh random problem, and are at
     least as fast as the heuristic's pick."""
-    for mod in ("opgen.codegen.planner", "opgen.codegen.compiler", "opgen.runtime.kernel",
-                "opgen.codegen.reference", "opgen.codegen.validate", "opgen.runtime.device"):
-        pytest.importorskip(mod)
-    import cupy as cp
-    from opgen.codegen.planner import Config
-    from opgen.codegen.reference import (random_activation, random_weight_tensors,
-                                         reference_matmul_f32)
-    from opgen.codegen.validate import load_spec, resolve_spec
-    from opgen.runtime.device import current_arch
-    from opgen.runtime.kernel import Kernel
-
-    spec = load_spec(resolve_spec("gptq_v2_w4a16_g128"))
+    spec = as_spec("gptq_v2_w4a16_g128")
     db = TuningDB(tmp_path / "tuning.json", shipped=False)
     run = tune_many([spec], [(1024, 1024), (4096, 4096)], Ms=[1, 64], db=db, progress=False)
     for res in run.results:
@@ -41,25 +40,15 @@ def test_tune_end_to_end(tmp_path):
             assert rec["median_us"] <= rec["heuristic_us"]
         # The stored winner, rebuilt from the DB, computes the right answer.
         kernel = Kernel(spec, Config.from_dict(rec["config"]), current_arch())
-        rng = np.random.default_rng(123)
-        w = random_weight_tensors(spec, N, K, rng)
-        a, _ = random_activation(spec, M, K, rng)
-        out = cp.full((M, N), tuner._poison(spec), dtype=tuner._out_dtype(spec))
-        kernel(cp.asarray(a), {k: cp.asarray(v) for k, v in w.items()}, out)
-        got = tuner._out_to_f32(spec, cp.asnumpy(out)).astype(np.float64)
-        ref = np.asarray(reference_matmul_f32(spec, a, w), dtype=np.float64)
-        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-        assert err <= tolerance(spec), (bucket, err)
+        err, finite = workbench.full_check(workbench.Session(current_arch()), spec, kernel, M, N, K,
+                                           np.random.default_rng(123))
+        assert finite and err <= tolerance(spec), (bucket, err)
 
     # A second process loads the tuned op from the DB: < 50 ms per kernel
     # (cubins from the cache the tuner filled; DB lookup + module load), and
     # < 50 ms per kernel counting opgen.load too. The costs every CUDA process
     # pays once (imports, the CUDA context, loading NVRTC to learn its version)
     # are measured separately (bench/load_time.py prints the same breakdown).
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
     script = Path(__file__).resolve().parents[2] / "bench" / "load_time.py"
     proc = subprocess.run([sys.executable, str(script), "gptq_v2_w4a16_g128", "--N", str(N),
                            "--K", str(K), "--M", "1,64", "--db", str(tmp_path / "tuning.json")],

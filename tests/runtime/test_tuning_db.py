@@ -1,18 +1,14 @@
-"""The tuning DB (CPU only): storage, concurrency, damaged files, keys, buckets."""
-import argparse
+"""The tuning DB (CPU only): keys, records, the shipped DBs per device,
+pruning and exporting.  The file on disk: test_db_file.py; `opgen db`:
+tests/package/test_cli_db.py."""
 import dataclasses
 import json
-import multiprocessing
-import os
-import time
-import warnings
 
 import pytest
 
 from opgen.codegen.spec import Activation, Output, Scale, Spec, Weight
 from opgen.runtime import tuning_db as tdb
-from opgen.codegen.buckets import BUCKETS, LABELS, bucket_of, representative_M
-from opgen.runtime.tuning_db import DBKey, TuningDB, TuningDBError, make_key, make_record
+from opgen.runtime.tuning_db import DBKey, TuningDB, make_key, make_record
 
 SPEC = Spec(name="w4a16_test", op="matmul", a=Activation("float16"),
             b=Weight("uint4", scale=Scale("float16", "group", 128)), out=Output("float16"))
@@ -70,97 +66,6 @@ def test_put_rejects_bad_input(path):
     assert not path.exists()
 
 
-def _writer(path, tag, n, barrier):
-    db = TuningDB(path, shipped=False)
-    barrier.wait()
-    for i in range(n):
-        db.put(key_for(N=64 * (i + 1), device=f"GPU {tag}"), LABELS[i % len(LABELS)], rec(float(i)))
-
-
-def _reader(path, stop, errors):
-    # Reads take no lock: every read must still see a whole, valid file.
-    while not stop.is_set():
-        try:
-            with open(path) as f:
-                doc = json.load(f)
-            assert doc["format"] == "opgen-tuning-db"
-        except FileNotFoundError:
-            pass
-        except Exception as e:                   # pragma: no cover - the failure case
-            errors.put(repr(e))
-            return
-
-
-def test_concurrent_writers_lose_nothing(path):
-    ctx = multiprocessing.get_context("fork")
-    barrier, stop, errors = ctx.Barrier(2), ctx.Event(), ctx.Queue()
-    reader = ctx.Process(target=_reader, args=(path, stop, errors))
-    writers = [ctx.Process(target=_writer, args=(path, tag, 50, barrier)) for tag in "AB"]
-    reader.start()
-    for w in writers:
-        w.start()
-    for w in writers:
-        w.join(60)
-    stop.set()
-    reader.join(10)
-    assert all(w.exitcode == 0 for w in writers)
-    assert errors.empty(), errors.get()
-    entries = TuningDB(path, shipped=False).records()
-    assert len(entries) == 100
-    assert {e.key.split("|")[3] for e in entries} == {"GPU A", "GPU B"}
-
-
-def test_corrupted_file(path):
-    path.parent.mkdir(parents=True)
-    path.write_text('{"format": "opgen-tuning-db", "version": 1, "records": {')   # truncated
-    db = TuningDB(path, shipped=False)
-    with pytest.warns(RuntimeWarning, match=r"unreadable.*corrupt-"):
-        assert db.lookup(key_for(), "1") is None
-    with warnings.catch_warnings():                       # warned once, not on every lookup
-        warnings.simplefilter("error")
-        assert db.lookup(key_for(), "1") is None
-        assert db.records() == []
-
-    with pytest.warns(RuntimeWarning, match="copied it to"):
-        db.put(key_for(), "1", rec())
-    backups = list(path.parent.glob("tuning.json.corrupt-*"))
-    assert len(backups) == 1
-    assert backups[0].read_text().endswith('"records": {')      # the original bytes, kept
-    assert TuningDB(path, shipped=False).lookup(key_for(), "1")["median_us"] == 10.0
-
-
-@pytest.mark.parametrize("doc", [
-    [1, 2],
-    {"format": "opgen-tuning-db", "version": 1, "records": []},
-    {"format": "opgen-tuning-db", "version": 1, "records": {"k": {"1": {"median_us": 1}}}},
-])
-def test_wrong_shape_is_corrupt(path, doc):
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(doc))
-    with pytest.warns(RuntimeWarning, match="unreadable"):
-        assert TuningDB(path, shipped=False).lookup(key_for(), "1") is None
-
-
-@pytest.mark.parametrize("doc", [
-    {"format": "opgen-tuning-db", "version": 2, "records": {}},
-    {"format": "something-else", "version": 1},
-    {"unrelated": "settings"},
-])
-def test_foreign_file_is_never_overwritten(path, doc):
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(doc))
-    before = path.read_bytes()
-    db = TuningDB(path, shipped=False)
-    with pytest.warns(RuntimeWarning, match="another path"):
-        assert db.lookup(key_for(), "1") is None
-    with pytest.raises(TuningDBError, match="another path"):
-        db.put(key_for(), "1", rec())
-    with pytest.raises(TuningDBError):
-        db.prune(lambda *a: True)
-    assert path.read_bytes() == before
-    assert not list(path.parent.glob("*.corrupt-*"))
-
-
 def test_key_changes_with_spec_version_device(path):
     db = TuningDB(path, shipped=False)
     db.put(key_for(), "1", rec())
@@ -200,7 +105,7 @@ def test_shipped_db_is_consulted_after_the_user_file(tmp_path, path):
 
 
 def test_packaged_shipped_db_is_optional(path):
-    db = TuningDB(path)                 # shipped=True: opgen/data/tuned_h200.json if present
+    db = TuningDB(path)                 # shipped=True: opgen/data/tuning/<device>.json if present
     assert db.lookup(key_for(), "1") is None
 
 
@@ -211,19 +116,6 @@ def test_default_path(monkeypatch, tmp_path):
     monkeypatch.setenv("OPGEN_TUNING_DB", str(tmp_path / "mine.json"))
     assert TuningDB().path == tmp_path / "mine.json"
     assert TuningDB(tmp_path / "arg.json").path == tmp_path / "arg.json"
-
-
-def test_lookups_use_the_cache_until_the_file_changes(path, monkeypatch):
-    db = TuningDB(path, shipped=False)
-    db.put(key_for(), "1", rec())
-    reads = []
-    real = tdb._read_state
-    monkeypatch.setattr(tdb, "_read_state", lambda p: reads.append(p) or real(p))
-    for _ in range(100):
-        assert db.lookup(key_for(), "1") is not None
-    assert len(reads) == 1
-    TuningDB(path, shipped=False).put(key_for(), "2-4", rec())        # another writer
-    assert db.lookup(key_for(), "2-4") is not None
 
 
 def test_prune_and_export(path, tmp_path):
@@ -244,51 +136,30 @@ def test_prune_and_export(path, tmp_path):
     assert TuningDB(out, shipped=False).lookup(key_for(), "1") is not None
 
 
-def test_cli(path, tmp_path, capsys):
-    db = TuningDB(path, shipped=False)
-    db.put_many([(key_for(), "1", rec(2.0)), (key_for(version="0.0.1"), "1", rec(3.0))])
-    parser = argparse.ArgumentParser(prog="opgen")
-    tdb.add_cli(parser.add_subparsers(dest="command"))
-
-    def run(*argv):
-        args = parser.parse_args(list(argv))
-        assert args.func(args) == 0
-        return capsys.readouterr().out
-
-    out = run("db", "show", "--path", str(path), "--no-shipped")
-    assert "w4a16_test" in out and "speedup" in out and "1.30" in out
-    assert "no records" in run("db", "show", "--path", str(path), "--spec", "nope")
-    assert "would remove" in run("db", "prune", "--path", str(path), "--dry-run")
-    assert len(db.records()) == 2
-    assert "removed 1" in run("db", "prune", "--path", str(path))
-    run("db", "export", str(tmp_path / "x.json"), "--path", str(path))
-    assert len(TuningDB(tmp_path / "x.json", shipped=False).records()) == 1
-    assert "removed 1" in run("db", "prune", "--path", str(path), "--spec", "w4a16_test")
+def test_shipped_db_per_device(tmp_path, path, monkeypatch):
+    """shipped=True: the file of each key's device under the package's
+    tuning folder (nvidia_h200.json for "NVIDIA H200"), read only when a key
+    of that device is looked up; records("shipped") lists every file."""
+    assert tdb.device_file("NVIDIA H200") == "nvidia_h200.json"
+    assert tdb.device_file("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3.json"
+    folder = tmp_path / "tuning"
+    folder.mkdir()
+    TuningDB(folder / "nvidia_h200.json", shipped=False).put(key_for(), "1", rec(5.0, bm=1))
+    h100 = key_for(device="NVIDIA H100 80GB HBM3")
+    TuningDB(folder / "nvidia_h100_80gb_hbm3.json", shipped=False).put(h100, "1", rec(7.0, bm=2))
+    monkeypatch.setattr(tdb, "shipped_dir", lambda: folder)
+    db = TuningDB(path)
+    assert db.lookup(key_for(), "1")["config"] == {"bm": 1}
+    assert db.lookup(h100, "1")["config"] == {"bm": 2}
+    assert db.lookup(key_for(device="NVIDIA A100"), "1") is None        # nothing shipped for it
+    assert db.lookup("not a key", "1") is None
+    assert len(db.records("shipped")) == 2
 
 
-# --- buckets ----------------------------------------------------------------------
-
-def test_bucket_boundaries():
-    assert bucket_of(1) == "1"
-    for lo, hi, label in BUCKETS:
-        assert bucket_of(lo) == label
-        if hi is not None:
-            assert bucket_of(hi) == label
-            assert bucket_of(hi + 1) != label
-        assert bucket_of(representative_M(label)) == label
-    assert bucket_of(1024) == "513-1024" and bucket_of(1025) == ">1024"
-    assert bucket_of(10 ** 6) == ">1024"
-    assert [representative_M(b) for b in LABELS] == [1, 4, 8, 16, 32, 64, 128, 256, 512, 1024,
-                                                    4096]
-    for bad in (0, -1):
-        with pytest.raises(ValueError):
-            bucket_of(bad)
-    with pytest.raises(ValueError):
-        representative_M("3-7")
-
-
-def test_bucket_of_is_fast():
-    t0 = time.perf_counter()
-    for m in range(1, 100_001):
-        bucket_of(m & 1023 or 1)
-    assert time.perf_counter() - t0 < 0.2
+def test_the_h200_db_ships():
+    """The package's DB for the device the shipped kernels were tuned on,
+    with records of that device only."""
+    p = tdb.shipped_path(tdb.REFERENCE_DEVICE)
+    assert p is not None and p.name == "nvidia_h200.json" and p in tdb.shipped_paths()
+    keys = json.loads(p.read_text())["records"]
+    assert keys and {DBKey.parse(k).device for k in keys} == {tdb.REFERENCE_DEVICE}

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Device runs on a GPU machine, from the repository root. Everything goes
+# to $OUT (default /tmp/opgen_out); nothing is written into the source tree.
+#
+#   bash bench/gpu_run.sh verify [PYTEST_ARGS...]  GPU tests -> pytest_gpu.txt, gpu_correctness.json
+#                                                  (default: every gpu-marked test but the
+#                                                  every-config sweeps and tests/perf; with
+#                                                  T_CASE=s each argument runs alone under that
+#                                                  limit, so a hang names its test:
+#                                                  c_<test>.json, tests.txt)
+#   bash bench/gpu_run.sh tune [SPEC...]           opgen tune at the bench's shapes and Ms (8192^2
+#                                                  first) into $OUT/nvidia_h200.json, started from a
+#                                                  copy of the shipped DB (FRESH=1: empty); no SPEC:
+#                                                  every shipped spec. MS=16,64 narrows the Ms.
+#                                                  The shipped DB is that file:
+#                                                  cp $OUT/nvidia_h200.json opgen/data/tuning/nvidia_h200.json
+#   bash bench/gpu_run.sh bench [BENCH_ARGS...]    opgen bench (all five shapes) into $OUT, with
+#                                                  $OUT/nvidia_h200.json when there is one, else the
+#                                                  shipped DB -> bench.json, bench.md, *.png
+#   bash bench/gpu_run.sh ship                     verify + tune + bench: what a release ships
+#   bash bench/gpu_run.sh sweep SPEC:M,M[:FAMILY]... bench/sweep.py at N = K = 8192 (FAMILY: gemm,
+#                                                  gemv, wgmma, tma, rs) -> sweep.jsonl, sweep.txt,
+#                                                  then each (spec, M)'s best against the heuristic
+#   bash bench/gpu_run.sh ncu SPEC M [CONFIG]      Nsight Compute of one kernel (default: the op's
+#                                                  pick for M) at N = K = 8192, appended to ncu.txt;
+#                                                  NCU_DETAILS=1 stall reasons, NCU_SASS=1 the SASS
+#                                                  lines stalled on most
+#   bash bench/gpu_run.sh probe                    bench/wgmma_probe.py -> wgmma_probe.json, .txt
+#
+# Time limits per step (s, SIGINT: the tuner keeps every pair it stored, the
+# bench every spec it finished): T_TEST (240), T_TUNE (300), T_BENCH (150),
+# T_SWEEP (240, all entries), T_NCU (90 per pass); `ship` takes T_TEST 120 and
+# T_TUNE 280 to stay under a device call's 600 s. BUDGET_MS: device time per
+# measurement of tune (5) and sweep (2).
+set -u
+cmd=${1:?usage: bash bench/gpu_run.sh verify|tune|bench|ship|sweep|ncu|probe [ARGS...]}; shift
+OUT=${OUT:-/tmp/opgen_out}; mkdir -p "$OUT"
+export OPGEN_CACHE_DIR=${OPGEN_CACHE_DIR:-/tmp/opgen_cache} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+DB="$OUT/nvidia_h200.json"
+PYTEST="python3 -m pytest -q -p no:cacheprovider"
+
+# The repository as the installed opgen (once per machine; the device copy is fresh).
+python3 -c "import opgen.codegen, opgen.runtime" 2> /dev/null || python3 -m pip install --no-deps --no-build-isolation -q -e . \
+  > /tmp/opgen_install.log 2>&1 || { tail -5 /tmp/opgen_install.log; exit 1; }
+
+verify() {
+  if [ -n "${T_CASE:-}" ]; then
+    local t rc s
+    for t in "$@"; do
+      s=$(date +%s)
+      OPGEN_RESULTS="$OUT/c_${t//[^A-Za-z0-9_-]/_}.json" timeout -s INT -k 5 "$T_CASE" \
+        $PYTEST -x "$t" > /tmp/opgen_case.txt 2>&1; rc=$?
+      echo "$t rc=$rc $(( $(date +%s) - s ))s $(tail -1 /tmp/opgen_case.txt)" | tee -a "$OUT/tests.txt"
+      grep -E "Error|assert|FAIL" /tmp/opgen_case.txt | head -3 | tee -a "$OUT/tests.txt"
+    done
+    return 0
+  fi
+  [ $# -gt 0 ] || set -- -m gpu tests --ignore=tests/perf -k "not every_"
+  OPGEN_RESULTS="$OUT/gpu_correctness.json" timeout -s INT -k 15 "${T_TEST:-240}" \
+    $PYTEST "$@" > "$OUT/pytest_gpu.txt" 2>&1
+  grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.txt" | tail -8
+}
+
+tune() {
+  local shapes ms rest left end rc=0 specs=("$@")
+  [ $# -gt 0 ] || specs=(--all)
+  read -r shapes ms < <(python3 -c "from opgen.bench.plan import DEFAULT_SHAPES as S, DEFAULT_MS as M
+print(','.join(f'{n}x{k}' for n, k in S), ','.join(map(str, M)))")
+  ms=${MS:-$ms}
+  [ -f "$DB" ] || [ -n "${FRESH:-}" ] || cp opgen/data/tuning/nvidia_h200.json "$DB"
+  # The targets' shape first: a run cut short keeps the pairs that matter most;
+  # the second pass finds its kernels in the cubin cache (they do not depend on N, K).
+  rest=$(echo "$shapes" | tr ',' '\n' | grep -vx 8192x8192 | paste -sd, -)
+  end=$(( $(date +%s) + ${T_TUNE:-300} ))
+  for s in 8192x8192 "$rest"; do
+    left=$(( end - $(date +%s) ))
+    [ "$left" -gt 5 ] || { echo "T_TUNE spent before $s" | tee -a "$OUT/tune.txt"; rc=124; break; }
+    timeout -s INT -k 20 "$left" python3 -m opgen tune "${specs[@]}" --shapes "$s" --M "$ms" \
+      --budget-ms "${BUDGET_MS:-5}" --db "$DB" >> "$OUT/tune.txt" 2>&1 || rc=$?
+  done
+  rm -f "$DB.lock"
+  grep -E "^compiled|^stored .* pair|^total|NOT tuned|T_TUNE" "$OUT/tune.txt" | tail -8
+  return $rc
+}
+
+bench() {
+  local db=()
+  [ -f "$DB" ] && db=(--db "$DB")
+  timeout -s INT -k 10 "${T_BENCH:-150}" python3 -m opgen.bench ${db[@]+"${db[@]}"} --out "$OUT" "$@" \
+    > "$OUT/bench_log.txt" 2>&1
+  echo "bench rc=$?"; tail -3 "$OUT/bench_log.txt"
+  grep -A40 "^## Targets" "$OUT/bench.md" 2> /dev/null | head -42
+}
+
+sweep() {
+  local e spec ms fam left end=$(( $(date +%s) + ${T_SWEEP:-240} ))
+  for e in "$@"; do
+    IFS=: read -r spec ms fam <<< "$e"
+    left=$(( end - $(date +%s) )); [ "$left" -gt 5 ] || { echo "T_SWEEP spent before $e"; break; }
+    timeout "$left" python3 bench/sweep.py "$spec" --N 8192 --K 8192 --M "$ms" ${fam:+--only $fam} \
+      --budget-ms "${BUDGET_MS:-2}" --out "$OUT/sweep.jsonl" >> "$OUT/sweep.txt" 2>&1 \
+      || echo "!! $e exited $?" >> "$OUT/sweep.txt"
+  done
+  [ -f "$OUT/sweep.jsonl" ] || return 1
+  python3 - "$OUT/sweep.jsonl" <<'PY'
+import json, sys
+best, heur = {}, {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    k = (r["spec"], r["M"])
+    if r["ok"] and r["us"] and (k not in best or r["us"] < best[k]["us"]):
+        best[k] = r
+    if r["heuristic"]:
+        heur[k] = r
+for (s, M), r in sorted(best.items()):
+    h = heur.get((s, M), {})
+    print(f"{s:28s} M={M:<5d} best {r['us']:8.2f} {r['config']:40s} "
+          f"heuristic {h.get('us') or float('nan'):8.2f} {h.get('config', '')}")
+PY
+}
+
+ncu_one() {
+  local spec=${1:?ncu SPEC M [CONFIG]} m=${2:?ncu SPEC M [CONFIG]} cfg=${3:-} rep=/tmp/opgen_ncu_$$
+  local run=(python3 bench/profile_one.py "$spec" $cfg --M "$m" --launches 5)
+  local ncu=(timeout "${T_NCU:-90}" ncu --clock-control none -k "regex:gem" --launch-skip 3 --launch-count 1)
+  echo "=== $spec ${cfg:-(op pick)} M=$m" >> "$OUT/ncu.txt"
+  "${ncu[@]}" --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+    --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats \
+    "${run[@]}" >> "$OUT/ncu.txt" 2>&1 || echo "!! exited $?" >> "$OUT/ncu.txt"
+  # A pass of its own for the stall reasons' details, so an ncu without these options costs only it.
+  [ -z "${NCU_DETAILS:-}" ] || "${ncu[@]}" --section WarpStateStats --section SourceCounters \
+    --print-details all "${run[@]}" >> "$OUT/ncu.txt" 2>&1 || echo "!! details exited $?" >> "$OUT/ncu.txt"
+  if [ -n "${NCU_SASS:-}" ]; then
+    "${ncu[@]}" --section SourceCounters --import-source no -f -o "$rep" "${run[@]}" > /dev/null 2>&1 \
+      && ncu -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 \
+         | python3 bench/ncu_sass_top.py 45 >> "$OUT/ncu.txt" 2>&1 \
+      || echo "!! sass lines exited $?" >> "$OUT/ncu.txt"
+    rm -f "$rep.ncu-rep"
+  fi
+  grep -E "^===|Duration|DRAM Throughput|Achieved Occupancy|SM Frequency|Registers Per|Issued Ipc|No Eligible" \
+    "$OUT/ncu.txt" | tail -12
+}
+
+case "$cmd" in
+  verify) verify "$@" ;;
+  tune) tune "$@" ;;
+  bench) bench "$@" ;;
+  ship) T_TEST=${T_TEST:-120} T_TUNE=${T_TUNE:-280}; verify; tune; bench ;;
+  sweep) sweep "$@" ;;
+  ncu) ncu_one "$@" ;;
+  probe) timeout "${T_PROBE:-120}" python3 bench/wgmma_probe.py --out "$OUT/wgmma_probe.json" \
+           > "$OUT/wgmma_probe.txt" 2>&1; tail -40 "$OUT/wgmma_probe.txt" ;;
+  *) echo "unknown command $cmd: verify|tune|bench|ship|sweep|ncu|probe" >&2; exit 2 ;;
+esac

@@ -1,0 +1,74 @@
+"""A Spec back to YAML, in canonical form: `load_spec` of what these write
+gives the same Spec (validate.py is the other direction)."""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import yaml
+
+from .spec import Pack, Spec, Weight
+
+
+def spec_to_yaml_dict(spec: Spec) -> dict:
+    """Canonical YAML form of a Spec: load_spec(yaml.safe_dump(d)) == spec."""
+    d: Dict[str, Any] = {"opgen": spec.version, "name": spec.name}
+    if spec.description:
+        d["description"] = spec.description
+    d["op"] = spec.op
+    d["shape"] = {
+        "M": "dynamic" if spec.shape.M is None else spec.shape.M,
+        "N": "any" if spec.shape.N is None else spec.shape.N,
+        "K": "any" if spec.shape.K is None else spec.shape.K,
+    }
+    a: Dict[str, Any] = {"dtype": spec.a.dtype}
+    if spec.a.scale is not None:
+        a["scale"] = spec.a.scale
+    d["a"] = a
+    if spec.b is not None:
+        d["b"] = _weight_to_dict(spec.b)
+    d["accumulate"] = spec.accumulate
+    d["out"] = {"dtype": spec.out.dtype}
+    d["epilogue"] = {"bias": spec.epilogue.bias, "activation": spec.epilogue.activation}
+    return d
+
+
+def _pack_to_dict(p: Pack) -> dict:
+    return {"container": p.container, "axis": p.axis, "order": list(p.order)}
+
+
+def _weight_to_dict(w: Weight) -> dict:
+    b: Dict[str, Any] = {"dtype": w.dtype, "layout": w.layout}
+    if w.pack is not None:
+        b["pack"] = _pack_to_dict(w.pack)
+    if w.scale is not None:
+        s = w.scale
+        b["scale"] = {"dtype": s.dtype,
+                      "group": s.group if s.granularity == "group" else s.granularity}
+        if s.granularity == "group":
+            b["scale"]["layout"] = s.layout
+    z = w.zero
+    zd: Dict[str, Any] = {"kind": z.kind}
+    if z.kind == "const":
+        zd["value"] = z.value
+    elif z.kind == "float":
+        zd["dtype"] = z.dtype
+    elif z.kind == "int":
+        zd["dtype"] = z.dtype
+        if z.pack is not None:
+            zd["pack"] = _pack_to_dict(z.pack)
+        zd["offset"] = z.offset
+    b["zero"] = zd
+    b["formula"] = w.formula
+    if w.dtype == "codebook":
+        b["bits"] = w.bits
+        b["codebook"] = list(w.codebook)
+    return b
+
+
+def dump_spec(spec: Spec) -> str:
+    """The spec as YAML text (canonical form, keys in language order)."""
+    return yaml.safe_dump(spec_to_yaml_dict(spec), sort_keys=False,
+                          default_flow_style=None, width=100)
+
+
+__all__ = ["spec_to_yaml_dict", "dump_spec"]

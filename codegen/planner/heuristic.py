@@ -1,0 +1,171 @@
+"""The heuristic: a reasonable config for a problem never tuned, from rules
+fitted to measurements on the H200 (docs/performance.md#heuristic); the
+tuner replaces its picks per shape."""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from .. import hw
+from ..lower import numerics, vector, weight_layout
+from ..spec import Spec
+from .config import Config
+from .gemv import gemv_run
+from .registry import blocks
+from .rs import RS_TILES_M
+from .space import candidates
+
+
+def predecode_from(spec: Spec, cands: List[Config], arch: str) -> int:
+    """The M from which the heuristic picks a predecode config, by what the
+    fused GEMM among cands pays per decoded tile (hw.Calibration.predecode_m)."""
+    at = hw.calibration(arch).predecode_m
+    if not any(c.wgmma and not c.predecode for c in cands):
+        return at["no_fused_wgmma"]
+    if any(c.rs for c in cands):
+        return at["rs_gemm"]
+    if numerics(spec).zero_kind in ("int", "float"):
+        return at["zero_points"]
+    return at["other"]
+
+
+def gemv_fill(spec: Spec, cfg: Config, arch: str, M: int, N: int, K: int) -> Tuple[int, int]:
+    """(resident-worthy warps of one launch, warps of a block left without a
+    run of rows): the GEMV streams at copy speed only with ~12+ warps of
+    8 loads in flight on every SM."""
+    lay = weight_layout(spec)
+    vec = vector(lay, cfg.vbytes)
+    warps = blocks(spec, cfg, M, N) * cfg.warps
+    if lay.row_axis == "n":
+        return warps, 0
+    num = numerics(spec)
+    runs = (K // cfg.split_k) // vec.k_extent // gemv_run(cfg, hw.arch(arch), num, vec, "col")
+    return warps, max(0, cfg.warps - runs)
+
+
+def _tma_score(c: Config, M: int, N: int, sms: int, speed) -> tuple:
+    """Waves of tiles times the time of one tile (`speed`: the tiles' measured
+    relative speed, hw.Calibration.tma_tile_speed), then: two MMA warpgroups
+    where the tile has room, no cluster (multicast measured no faster:
+    docs/performance.md#tma-gemm), the grouped raster once there are two
+    bands of m-tiles, the deepest ring."""
+    tiles = -(-N // c.BN) * -(-M // c.BM)
+    cost = -(-tiles // sms) * c.BM * c.BN / speed[(c.BM, c.BN)]
+    return (round(cost), -(c.BM // 64) * (c.BN // c.WN), c.cluster != 1,
+            c.raster != (8 if M > c.BM else 0), -c.stages)
+
+
+def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] = None) -> Config:
+    """A reasonable pick without tuning: for weights stored [N, K] and
+    M = 2-16 the tensor-core GEMV; for decode (M <= 4) the GEMV whose
+    grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
+    then the fewest split-K slices, the most columns per warp and the widest
+    loads; decoded weights from `predecode_from` on a predecode config; for
+    dense operands (predecode's too) on sm_90 from M = 9 the TMA GEMM
+    (`_tma_score`); else a GEMM (wgmma on sm_90 above M = 32) with enough
+    blocks (split-K up to ~2 per SM for M <= 64), the least padding of M, as
+    tall and 128 (256 for M >= 1024 with wgmma) wide, the fewest split-K
+    slices. The rules follow the sweeps and tuning logs told in
+    docs/performance.md#heuristic; the tuner replaces them per shape.
+    sms: the device's SM count (runtime: device.sm_count(); None: the arch's
+    planned device, hw.planned_device)."""
+    sms = sms or hw.planned_device(arch).sms
+    cands = candidates(spec, arch, M, N, K, sms)
+    tc = [c for c in cands if c.tc]
+    if 2 <= M <= 16 and tc:
+        # Measured (w4a16_sym 8192^2): M = 4 19.7 us, M = 16 28.8 us (the
+        # mma.sync GEMM: 37 us): docs/performance.md#tensor-core-gemv. The
+        # widest vectors, 8 warps, split-K to ~2 blocks per SM.
+        def tscore(c: Config):
+            return (blocks(spec, c, M, N) < 15 * sms // 8, -c.vbytes, c.warps != 8, c.split_k)
+        return min(tc, key=tscore)
+    gemv = [c for c in cands if c.family == "gemv" and not c.tc]
+    if M <= 4 and gemv:
+        def gscore(c: Config):
+            warps, idle = gemv_fill(spec, c, arch, M, N, K)
+            # Then: no split-K, the most columns per warp (activations read
+            # once for all of them), the widest loads; prefetch with 16-byte
+            # vectors (w8 c4 v16 s1 3-8 % faster for every row spec; with
+            # 8-byte ones 1-bit codes took 255 registers and lost 24 %:
+            # docs/performance.md#gemv).
+            return (-min(warps, 12 * sms), idle > 0, c.split_k, -c.cols, -c.vbytes, c.warps != 8,
+                    c.prefetch != (c.vbytes == 16))
+        return min(gemv, key=gscore)
+
+    # Large M: decode the weights once, then the dense GEMM.
+    pd = [c for c in cands if c.predecode]
+    if pd and M >= predecode_from(spec, cands, arch):
+        cands = pd
+    else:
+        cands = [c for c in cands if not c.predecode]
+    # The TMA GEMM (dense operands, and predecode's dense half; a candidate
+    # from M = 9, where 64-row tiles are) won every bucket it was in in the
+    # tuning logs (1.1-2x over the cp.async wgmma pick): tiles as the
+    # winners had them (docs/performance.md#tma-gemm).
+    # (Decoded weights on the TMA GEMM, without predecode, are the tuner's
+    # to time: at M = 64 they ran 0.9-1.1x the cp.async kernels.)
+    dense_op = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).dense
+    tma = [c for c in cands if c.tma and (dense_op or c.predecode)]
+    if tma:
+        speed = hw.calibration(arch).tma_tile_speed
+        return min(tma, key=lambda c: _tma_score(c, M, N, sms, speed))
+    # Measured on the H200: wgmma wins from M = 33 on, mma.sync below (dense
+    # operands: a sweep; decoded weights: the tuning logs, where a wgmma
+    # config won the M = 64 bucket in 48 of 60 records, 1.1-1.9x over the
+    # mma.sync pick the heuristic then made): docs/performance.md#gemm.
+    # The rs GEMM (4-bit codes in the interleaved order) from M = 17,
+    # where the tensor-core GEMV stops: at 8192^2 it beat every other kernel
+    # at M = 32-256 (1.4-1.8x the cp.async wgmma GEMM). The winners' shape
+    # in the sweeps: 64 weight rows per block, two k-groups, the m-tile M
+    # rounded up; up to 128 rows 128-deep k-tiles in 8 stages (6 at BM 128),
+    # above them one 256-row m-tile of 64-deep ones in 6; past M = 256, 128
+    # weight rows of one k-group in 4 (the M = 1024 winner at four of the
+    # five shapes): docs/performance.md#rs-gemm.
+    rs = [c for c in cands if c.rs]
+    if rs and M > 16:
+        bm = next(t for t in RS_TILES_M if t >= min(M, RS_TILES_M[-1]))
+        bn, bk, kgroups, stages = ((128, 64, 1, 4) if M > 256 else (64, 64, 2, 6) if bm > 128
+                                   else (64, 128, 2, 6 if bm == 128 else 8))
+        return min(rs, key=lambda c: (c.BM != bm, c.BN != bn, c.BK != bk, c.kgroups != kgroups,
+                                      c.stages != stages))
+    wg = [c for c in cands if c.wgmma and not c.rs]
+    # (a predecode config's GEMM is a dense one)
+    dense = dense_op or all(c.predecode for c in cands)
+    on_wgmma = bool(wg) and M > 32
+    if on_wgmma:
+        cands = wg
+    else:
+        cands = [c for c in cands if not c.wgmma] or cands
+    wide = 256 if M >= 1024 else 128
+    # Decoded weights on wgmma above M = 64: every m-tile decodes all the
+    # weights again, so 128-row tiles beat the least padding of M, and they
+    # go 256 wide once those tiles fill most of a wave (tuning logs: a
+    # 128-row tile won the 129-256 bucket at every bench shape, 128 wide up
+    # to N = 8192, 256 from 14336; at 6144^2, M = 192, the 64-row pick was
+    # 1.2-1.3x slower). Not yet wave-aware: at 11008 x 4096, M = 192 (128-row
+    # tiles 1.3 waves, 64-row ones 1.95) the 64-row tiles won by 1.3-1.5x
+    # (docs/performance.md#gemm).
+    tall = not dense and M > 64 and on_wgmma
+    if tall:
+        wide = 256 if -(-N // 256) * -(-M // 128) >= 0.8 * sms else 128
+
+    # Enough blocks: up to M = 64 (memory-bound) about two per SM, split-K
+    # until there (a sweep: 256 blocks beat 128 and 512,
+    # docs/performance.md#gemm); above, split-K only
+    # when the tiles leave half the SMs idle.
+    want_blocks = 15 * sms // 8 if M <= 64 else sms // 2
+
+    def score(c: Config):
+        # Then: least padding of M (not for `tall`), tall tiles, 128 wide (256
+        # for large M with wgmma), the fewest split-K slices
+        # (docs/performance.md#gemm).
+        if c.family != "gemm":
+            return (True, 9.0, 0, True, 0, True, True)
+        waste = 1.0 if tall else (-(-M // c.BM) * c.BM) / M
+        # wgmma on dense operands keeps a group in flight: it wants the whole K
+        # and deep pipelines (w8a8 M=64: p5 s1 34 us, p4 s4 54 us:
+        # docs/performance.md#gemm).
+        deep = dense and c.wgmma
+        return (blocks(spec, c, M, N) < want_blocks and not deep, round(waste, 1), -c.BM,
+                c.BN != (wide if c.wgmma else 128), c.split_k, -c.stages if deep else c.stages != 4,
+                c.min_blocks != 1)
+    return min(cands, key=score)

@@ -1,0 +1,88 @@
+"""The kernel families behind one entry point: which family a config is
+(family_of), its template constants (geometry) and its launch plan (plan),
+and the launch facts read from them (grid, launch_smem, shape_ok)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Tuple
+
+from .. import hw
+from ..lower import numerics, weight_layout
+from ..spec import Spec
+from . import dequant, gemm, gemv, rs, tma
+from .config import Config, PlanError
+from .dequant import DEQUANT, dense_twin
+from .launch import Family, GridRule, Launch, staged_smem
+
+FAMILIES: Dict[str, Family] = {f.name: f for f in (gemm.FAMILY, tma.FAMILY, rs.FAMILY, gemv.FAMILY,
+                                                    dequant.FAMILY)}
+
+
+def family_of(cfg: Config) -> Family:
+    """The family whose kernel a config runs (a predecode config's: its GEMM's)."""
+    if cfg.family in ("gemv", "dequant"):
+        return FAMILIES[cfg.family]
+    if cfg.rs:
+        return FAMILIES["rs"]
+    if cfg.tma or cfg.cluster != 1 or cfg.raster:
+        return FAMILIES["tma"]
+    return FAMILIES["gemm"]
+
+
+def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
+    """Template constants for (spec, cfg, arch), or PlanError saying why not.
+    A predecode config's: its dense GEMM's, marked predecode."""
+    a = hw.arch(arch)
+    num = numerics(spec, fp8_mma=a.fp8_mma)
+    mma = hw.MMAS[num.mma]
+    if mma.min_cc > a.cc:
+        raise PlanError(f"{num.mma} activations need sm_{mma.min_cc}+ tensor cores (target {arch})")
+    lay = weight_layout(spec)
+    if cfg.family == "gemm" and cfg.predecode:
+        if num.dense:
+            raise PlanError("predecode is for weights that need decoding")
+        dequant.geometry(spec, DEQUANT, a, num, lay)       # the first stage must fit too
+        dense = geometry(dense_twin(spec), dataclasses.replace(cfg, predecode=False), arch)
+        return dict(dense, predecode=True)
+    return family_of(cfg).geometry(spec, cfg, a, num, lay)
+
+
+def plan(spec: Spec, cfg: Config, arch: str) -> Launch:
+    """The launch plan of a single-kernel config (a predecode config is
+    several kernels: plan each of its stages), or PlanError."""
+    if cfg.predecode:
+        raise ValueError(f"{cfg.name} launches several kernels: plan each of planner.stages")
+    g = geometry(spec, cfg, arch)
+    fam = family_of(cfg)
+    return Launch(kind=fam.kind(cfg, g), threads=g["threads"], smem=g.get("smem", 0),
+                  target=g.get("target", arch), grid=fam.grid(spec, cfg),
+                  tma=fam.tma(cfg, g) if fam.tma else None,
+                  staged_rows=fam.staged(cfg, g) if fam.staged else 0, k_split=cfg.split_k, consts=g)
+
+
+def grid_rule(spec: Spec, cfg: Config) -> GridRule:
+    return family_of(cfg).grid(spec, cfg)
+
+
+def grid(spec: Spec, cfg: Config, M: int, N: int) -> Tuple[int, int, int]:
+    """The launch grid of cfg's (last) kernel at M, N."""
+    return grid_rule(spec, cfg)(M, N)
+
+
+def blocks(spec: Spec, cfg: Config, M: int, N: int) -> int:
+    """Thread blocks one launch of cfg runs."""
+    x, y, z = grid(spec, cfg, M, N)
+    return x * y * z
+
+
+def launch_smem(g: Dict, cfg: Config, K: int) -> int:
+    """Dynamic shared memory of one launch at K, from cfg's geometry (a
+    predecode config's: its GEMM's); Launch.smem_at once planned."""
+    fam = family_of(cfg)
+    rows = fam.staged(cfg, g) if fam.staged else 0
+    return staged_smem(rows, cfg.split_k, K) if rows else g.get("smem", 0)
+
+
+def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
+    """Whether a config whose geometry is g runs at N, K."""
+    return family_of(cfg).shape_ok(g, cfg, N, K)

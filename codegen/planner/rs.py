@@ -1,0 +1,115 @@
+"""The rs GEMM (gemm_rs.cu.j2): 4-bit weights decoded straight into wgmma's
+register operand (its register-sourced form), the activations its
+shared-memory one, both TMA-loaded into a ring; sm_90a."""
+from __future__ import annotations
+
+from typing import Dict
+
+from .. import hw
+from ..lower import Layout, Numerics, decode_plan, vector, zero_sub_bits
+from ..spec import WEIGHT_CODES, Spec
+from .config import Config, PlanError
+from .gemm import grid
+from .launch import Family
+from .tiles import STATIC_SMEM_RESERVE
+from .tma import TMA_PRODUCER_REGS, boxes, consumer_regs, stored_rows_ok
+
+# The rs GEMM's m-tiles (wgmma N) and n-tiles (64 weight rows per MMA warpgroup).
+RS_TILES_M = (16, 32, 64, 128, 256)
+RS_TILES_N = (64, 128)
+RS_TILES_K = (64, 128)       # 256 measured slower than 128 at M = 16 / 64 / 128 (docs/performance.md#rs-gemm)
+RS_STAGES = (4, 6, 8, 12)
+# Registers an MMA thread takes, by (BK, BM), as measured (hw.Calibration).
+RS_REGS = hw.calibration("sm_90").rs_regs
+RS_REGS_INT_ZERO = hw.calibration("sm_90").rs_regs_int_zero
+
+
+def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
+    """The rs GEMM (gemm_rs.cu.j2): one producer warp (a warpgroup that
+    hands registers over by setmaxnreg, where the MMA threads need more than
+    the launch allows) TMA-loads the activation tile (BK / 64 boxes of
+    BM x 64, the 128-byte swizzle: wgmma's B operand from shared memory) and
+    the stored words of BN weight rows (BK / 2 bytes each) into a STAGES-deep
+    ring. Each MMA warpgroup owns 64 weight rows, and each lane decodes
+    exactly the codes of its own A fragments (rows g and g + 8 of its warp's
+    16, k = 2q, 2q + 1 and 2q + 8, 2q + 9 of every k16 step) from the stored
+    words: pair q of every 32-bit word, which the interleaved pack order
+    0, 2, 4, 6, 1, 3, 5, 7 puts at bits 4q and 16 + 4q, so one shift, one lop3
+    with the magic number, one subtract (of the magic number, with integer
+    zero points its row's zero too) and one scale per pair."""
+    if not (a.tma and a.wgmma and cfg.tma and cfg.wgmma):
+        raise PlanError(f"the rs GEMM is a tma wgmma config on sm_90a (target {a.name})")
+    if num.dense or lay.bits != 4 or lay.row_axis != "n" or lay.pack_axis != "k":
+        raise PlanError("the rs GEMM takes 4-bit codes stored [N, K], packed along k")
+    word = vector(lay, 4)
+    if [(word.dk[p.ia], word.dk[p.ib], p.shift) for p in word.pairs] != \
+            [(2 * q, 2 * q + 1, 4 * q) for q in range(4)]:
+        raise PlanError("the rs GEMM needs the pack order 0, 2, 4, 6, 1, 3, 5, 7 "
+                        "(pair q of a word = k 2q, 2q + 1 at bits 4q, 16 + 4q)")
+    dec = decode_plan(lay, num)
+    int_zero = num.zero_kind == "int" and \
+        zero_sub_bits(num, dec, WEIGHT_CODES[num.zero_dtype].bits) is not None
+    if dec.method != "magic" or num.formula != "(q - z) * s" \
+            or not (num.zero_kind in ("none", "const") or int_zero):
+        raise PlanError("the rs GEMM decodes (q - z) * s codes by the magic number, the zero "
+                        "point a constant or an integer that joins the subtract as an integer add")
+    if num.scale_gran != "group" or not num.scale_native:
+        raise PlanError("the rs GEMM takes group scales stored as the activations' type")
+    if num.group % cfg.BK:
+        raise PlanError(f"scale groups of {num.group} split a {cfg.BK}-deep k-tile")
+    if cfg.BK not in RS_TILES_K or cfg.WM != 64 or cfg.WN != cfg.BM or cfg.BM not in RS_TILES_M \
+            or cfg.BN not in RS_TILES_N:
+        raise PlanError(f"rs GEMM tiles: BK in {RS_TILES_K}, BM (wgmma N) in {RS_TILES_M}, "
+                        f"BN in {RS_TILES_N}")
+    if cfg.cluster != 1 or cfg.raster or cfg.min_blocks != 1 or cfg.stages < 2:
+        raise PlanError("the rs GEMM: no cluster or raster, min_blocks 1, 2+ stages")
+    if cfg.split_k != 1:
+        # Measured: split-K 2 took 1.8x the unsplit time at M = 64 with an
+        # identical main loop (docs/performance.md#rs-gemm); k-groups split k
+        # inside the block.
+        raise PlanError("the rs GEMM splits k between k-groups, not blocks (split_k 1)")
+    if cfg.kgroups not in (1, 2, 4):
+        raise PlanError("1, 2 or 4 k-groups of MMA warpgroups")
+    if cfg.stages % cfg.kgroups:
+        # Slot s must always serve the same k-group: one that ran a round
+        # ahead would read a slot's next-but-one phase as complete (the
+        # mbarrier parity aliases; p6 with 4 k-groups faulted:
+        # docs/performance.md#rs-gemm).
+        raise PlanError(f"{cfg.stages} stages do not split evenly between {cfg.kgroups} k-groups")
+    a_tile, w_rowb = cfg.BM * cfg.BK * 2, cfg.BK // 2      # (BK / 64 swizzled boxes of BM x 64)
+    w_tile = -(-cfg.BN * w_rowb // 1024) * 1024
+    # The k-groups' partial sums meet in shared memory once the ring is drained.
+    red = (cfg.kgroups - 1) * (cfg.BN // 64) * 128 * (cfg.BM // 2) * 4
+    smem = max(cfg.stages * (a_tile + w_tile), red) + 1024
+    if smem + STATIC_SMEM_RESERVE > a.smem_per_block:
+        raise PlanError(f"{smem} bytes of shared memory > {a.smem_per_block} on {a.name}")
+    consumers = cfg.BN // 64 * cfg.kgroups
+    cal = hw.calibration(a.name)
+    need = (cal.rs_regs_int_zero if int_zero else cal.rs_regs)[cfg.BK, cfg.BM]   # (every tile that fits)
+    threads, regs = 128 * consumers + 32, None
+    if threads > hw.MAX_THREADS_PER_BLOCK:
+        raise PlanError(f"{consumers} MMA warpgroups: {threads} threads per block")
+    if need > a.launch_reg_cap(threads):
+        # A producer warpgroup instead of a warp: it hands registers back
+        # (setmaxnreg) for the MMA warpgroups to take.
+        threads = 128 * (consumers + 1)
+        up = consumer_regs(TMA_PRODUCER_REGS, consumers)
+        if need > up:
+            raise PlanError(f"{need} registers per thread > {up} for {consumers} MMA warpgroups")
+        regs = (TMA_PRODUCER_REGS, up)
+    mma = hw.MMAS[num.mma]
+    # k-tiles of one scale group that a k-group takes in a row (one scale and
+    # zero load for all of them), where the ring's slots still each serve
+    # one k-group.
+    tpg = num.group // cfg.BK
+    if cfg.kgroups > 1 and cfg.stages % (cfg.kgroups * tpg):
+        tpg = 1
+    return dict(threads=threads, consumers=consumers, regs=regs, tpg=tpg, ce=2, a_bytes=2, a_decode=False,
+                dense=False, tma=True, rs=True, wgmma=True, stored=lay, b_rows=cfg.BN,
+                b_rowb=w_rowb, a_tile=a_tile, w_tile=w_tile, smem=smem,
+                grid_tiles=(cfg.BN, cfg.BM), acc_int=False, mma_ptx=mma.ptx, inflight=1,
+                target=hw.WGMMA_TARGET[a.name], wgmma_types=hw.WGMMAS[num.mma].types)
+
+
+FAMILY = Family("rs", geometry, kind=lambda cfg, g: "gemm_rs", grid=grid, shape_ok=stored_rows_ok,
+                tma=boxes)

@@ -1,0 +1,43 @@
+"""How far a kernel's output may be from the float32 reference: the one
+tolerance policy, from the dtypes a kernel rounds through.  The tuner, `opgen
+bench` and the GPU tests all hold kernels to it.
+
+A kernel rounds in two places the reference need not: the MMA operands
+(dequantized weights are rounded to the activation dtype, e.g. (q - z) * s to
+fp16) and the output store (to out dtype).  Each rounding to a type of unit
+roundoff u adds a relative error of RMS about u / sqrt(3) on random data
+(independent errors over K add up like the signal does), so the expected
+error is below 0.6 * (u_operand + u_out).  Allowing 2 * (u_operand + u_out)
+(+ 1e-5 for float32 summation order) keeps a margin of more than 3x, yet
+every real bug (a wrong scale, zero point, group, tile or unwritten output)
+gives errors of order 0.1 to 1, far above it:
+    fp16 in, fp16 out: 2.0e-3     bf16 in, bf16 out: 1.6e-2
+    fp16 in, fp32 out: 1.0e-3     int8 in, fp16 out: 2.0e-3
+    fp8 in, bf16 out: 8.8e-3
+(fp32 out with fp16 inputs is not held to ~1e-4 because the reference may
+keep the dequantized weights in float32 while the MMA needs fp16.)
+"""
+from __future__ import annotations
+
+# Unit roundoff (half an ulp, relative) of the types a kernel rounds through.
+# 8-bit activations (int8, fp8 e4m3) are codes the kernel reads exactly: the
+# products may be exact (int8 / fp8 MMA), but a kernel may as well convert the
+# codes to fp16 (exact: every int8 and e4m3 value is an fp16) and dequantize the
+# weights to fp16, so allow fp16's rounding. (Measured: fp8_e4m3_w8a8 at most
+# 2.2e-3 against 8.8e-3 allowed, w8a8_int8 2.9e-4 against 2.0e-3.)
+ROUNDOFF = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8,
+            "int8": 2.0 ** -11, "float8_e4m3": 2.0 ** -11}
+
+# `opgen bench` reports a row as wrong only past this many times the
+# tolerance: its rows time what opgen.load picks (heuristic configs too, never
+# held to the tolerance by the tuner), and the report is about speed, so it
+# flags clear faults only.
+BENCH_FACTOR = 2.0
+
+
+def tolerance(spec) -> float:
+    """Largest accepted ||out - ref|| / ||ref|| (Frobenius) against the
+    float32 reference (see the module docstring for why)."""
+    u_in = ROUNDOFF.get(spec.a.dtype, ROUNDOFF["bfloat16"])
+    u_out = ROUNDOFF[spec.out.dtype]
+    return 2.0 * (u_in + u_out) + 1e-5

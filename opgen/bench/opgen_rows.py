@@ -1,0 +1,111 @@
+"""opgen's rows of `opgen bench`: for each (spec, N, K, M) the kernel
+`opgen.load(spec, N, K)` picks (its tuning-DB winner or the heuristic's
+pick; which one is recorded), checked and timed on the runtime workbench's
+tiled problem, and for int8/fp8 activations opgen's fused linear from fp16
+activations (quantize + GEMM).  `session` is a runtime.workbench.Session
+(tests put a numpy one in its place)."""
+from __future__ import annotations
+
+import math
+from typing import Callable, List, Sequence
+
+from ..codegen.buckets import bucket_of
+from ..codegen.tolerance import BENCH_FACTOR, tolerance
+from ..runtime import op as ops
+from .failures import short_error
+from .roofline import _r
+
+LINEAR_INPUT = "float16"          # the fused linear's input dtype
+
+
+def as_kernel(op, linear: bool = False):
+    """An op (MatmulOp, or QuantizedLinearOp with linear=True) called as the
+    workbench calls kernels, on the caller's current stream."""
+    if linear:
+        def kernel(x, w, out, a_scale=None, bias=None, stream=None):
+            op(x, w["qweight"], w.get("scales"), w.get("zeros"), bias=bias, out=out)
+    else:
+        def kernel(a, w, out, a_scale=None, bias=None, stream=None):
+            op(a, w["qweight"], w.get("scales"), w.get("zeros"), bias=bias, a_scale=a_scale,
+               out=out)
+    return kernel
+
+
+def _check(problem, kernel, tol: float) -> dict:
+    ok, err, why = problem.verify(kernel, tol)
+    out = {"verified": ok, "rel_err": None if math.isinf(err) else err}
+    if not ok:
+        out["verify_msg"] = why
+    return out
+
+
+def time_spec(session, spec, N: int, K: int, Ms: Sequence[int], *, db, use_db: bool,
+              verify: bool, budget_ms: float, seed: int, mem_cap: int,
+              log: Callable[[str], None]) -> List[dict]:
+    """Rows for (spec, N, K, each M): opgen's matmul on quantized activations
+    (opgen_us) and, for int8/fp8 activations, opgen's fused linear from fp16
+    activations (opgen_linear_us).  A row is checked (verified, rel_err)
+    within BENCH_FACTOR x the tolerance before it is timed."""
+    rows = {M: {"spec": spec.name, "N": N, "K": K, "M": M, "opgen_us": None} for M in Ms}
+    tol = BENCH_FACTOR * tolerance(spec)
+    try:
+        op = ops.load(spec, N=N, K=K, db=db, use_db=use_db)
+        problem = session.problem(spec, N, K, seed, mem_cap)
+    except Exception as e:
+        for r in rows.values():
+            r["error"] = "setup: " + short_error(e)
+        log(f"{spec.name} {N}x{K}: setup failed: {rows[Ms[0]]['error']}")
+        return list(rows.values())
+    lin = lin_error = None
+    if spec.a.scale == "row":
+        try:
+            lin = ops.load_linear(spec, N, K, input_dtype=LINEAR_INPUT, db=db, use_db=use_db)
+        except Exception as e:
+            lin_error = short_error(e)
+    try:
+        for M in Ms:
+            r = rows[M]
+            r["base_shape"] = [problem.N0, problem.K0]
+            try:
+                problem.select(M)
+                kernel = as_kernel(op)
+                r["config"] = op.kernel_for(M).config.name
+                r["bucket"] = bucket_of(M)
+                r["source"] = op.sources.get(r["bucket"])
+                if verify:
+                    r.update(_check(problem, kernel, tol))
+                t = problem.time(kernel, budget_ms=budget_ms)
+                r["opgen_us"] = _r(t.median_us)
+                r["samples"] = len(t.samples)
+                r["copies"] = len(problem.acts)
+                log(f"{spec.name} {N}x{K} M={M}: {t.median_us:.2f} us ({r['config']}, "
+                    f"{r['source']})" + ("" if r.get("verified") is not False else "  OUTPUT WRONG"))
+            except Exception as e:
+                r["error"] = short_error(e)
+                log(f"{spec.name} {N}x{K} M={M}: failed: {r['error']}")
+            if lin_error is not None:
+                r["opgen_linear_error"] = lin_error
+            elif lin is not None:
+                _time_linear(problem, lin, r, M, verify, tol, budget_ms, log)
+    finally:
+        problem.close()
+    return [rows[M] for M in Ms]
+
+
+def _time_linear(problem, lin, r: dict, M: int, verify: bool, tol: float, budget_ms: float,
+                 log) -> None:
+    spec, N, K = problem.spec, problem.N, problem.K
+    try:
+        problem.select(M, input_dtype=LINEAR_INPUT)
+        kernel = as_kernel(lin, linear=True)
+        if verify:
+            chk = _check(problem, kernel, tol)
+            r["linear_verified"] = chk["verified"]
+            r["linear_rel_err"] = chk["rel_err"]
+        t = problem.time(kernel, budget_ms=budget_ms)
+        r["opgen_linear_us"] = _r(t.median_us)
+        log(f"{spec.name} {N}x{K} M={M}: linear (quantize + GEMM) {t.median_us:.2f} us"
+            + ("" if r.get("linear_verified") is not False else "  OUTPUT WRONG"))
+    except Exception as e:
+        r["opgen_linear_error"] = short_error(e)
+        log(f"{spec.name} {N}x{K} M={M}: linear failed: {r['opgen_linear_error']}")

@@ -1,0 +1,49 @@
+"""`opgen build SPEC`: the CUDA sources (and a manifest) of a spec, no GPU needed."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import List
+
+from ..codegen import hw
+from ..codegen.build import build_spec
+from ..codegen.resolve import as_spec
+from ..codegen.validate import specialize_shape
+from .args import positive_int
+from .command import Command
+
+DEFAULT_ARCH = "sm_90"
+
+
+def _build_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml) or shipped spec name")
+    p.add_argument("-o", "--out", dest="out_dir", default=None, metavar="DIR",
+                   help="output directory (default: build/<spec name>)")
+    p.add_argument("--arch", choices=tuple(hw.ARCHS), default=DEFAULT_ARCH,
+                   help=f"target GPU architecture (default {DEFAULT_ARCH})")
+    for dim in ("M", "N", "K"):
+        p.add_argument(f"--{dim}", type=positive_int, default=None, metavar=dim,
+                       help=f"fix {dim} (must agree with the spec's shape)")
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    spec = as_spec(args.spec)
+    shape = specialize_shape(spec, M=args.M, N=args.N, K=args.K)
+    out_dir = Path(args.out_dir) if args.out_dir else Path("build") / spec.name
+    result = build_spec(spec, out_dir, args.arch, M=shape.M, N=shape.N, K=shape.K)
+    for p in _paths(result):
+        print(p)
+    return 0
+
+
+def _paths(result) -> List[str]:
+    if result is None:
+        return []
+    if isinstance(result, (str, Path)):
+        return [str(result)]
+    if isinstance(result, dict):
+        return [str(v) for v in result.values()]
+    return [str(p) for p in result]
+
+
+COMMANDS = (Command("build", "generate CUDA sources for a spec", _build_args, cmd_build),)

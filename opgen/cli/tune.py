@@ -1,0 +1,123 @@
+"""`opgen tune SPEC... | --all  --shapes NxK,... | --N --K  [--M 1,16,64]`:
+runtime.tuner.tune_many from the command line, and its report."""
+from __future__ import annotations
+
+import argparse
+from typing import List
+
+from ..bench.plan import matmul_specs, shipped_matmul_specs
+from ..codegen import planner
+from ..codegen.errors import UserError
+from ..runtime import tuner
+from ..runtime.timing import BUDGET_MS, RANK_BUDGET_MS
+from ..runtime.tuning_db import TuningDB, speedup
+from .args import parse_ints, parse_shapes, positive_float, positive_int
+from .command import Command
+from .table import format_table
+
+DESCRIPTION = ("Time the planner's candidate configs of every spec at every shape and M bucket "
+               "on this GPU (all of them on a short budget, then the fastest few and the "
+               "heuristic's pick in full), verify them, and store the fastest correct one per "
+               "bucket in the tuning DB.")
+
+
+def _tune_args(p: argparse.ArgumentParser) -> None:
+    p.description = DESCRIPTION
+    p.add_argument("spec", nargs="*", metavar="SPEC", help="spec names or YAML files")
+    p.add_argument("--all", action="store_true", help="every shipped matmul spec")
+    p.add_argument("--shapes", type=parse_shapes, default=None, metavar="NxK,...",
+                   help="weight shapes N x K, e.g. 4096x4096,8192x8192")
+    p.add_argument("--N", type=positive_int, default=None, help="with --K: one shape")
+    p.add_argument("--K", type=positive_int, default=None)
+    p.add_argument("--M", type=parse_ints, default=None, metavar="M,...",
+                   help="comma-separated M values, one per bucket "
+                        "(default: every bucket at its representative M)")
+    p.add_argument("--db", help="tuning DB file (default: $OPGEN_TUNING_DB or ~/.cache/opgen/tuning.json)")
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="compile processes (default: all cores but one; 1: compile everything "
+                        "first, in this process)")
+    p.add_argument("--repeats", type=positive_int, default=None,
+                   help="samples per config in the final pass (default: adaptive)")
+    p.add_argument("--budget-ms", type=positive_float, default=BUDGET_MS,
+                   help=f"device time per config in the final pass (default {BUDGET_MS:g})")
+    p.add_argument("--rank-budget-ms", type=positive_float, default=RANK_BUDGET_MS,
+                   help=f"device time per candidate in the rank pass (default {RANK_BUDGET_MS:g})")
+    p.add_argument("--finalists", type=positive_int, default=tuner.FINALISTS,
+                   help="rank-pass leaders timed again in full, with the heuristic's pick "
+                        f"(default {tuner.FINALISTS})")
+    p.add_argument("--seed", type=int, default=0, help="of the random problems")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def specs_and_shapes(args):
+    """(specs, shapes) of the command line; a UserError names the argument at fault."""
+    if args.all and args.spec:
+        raise UserError("give SPEC names or --all, not both")
+    if not args.all and not args.spec:
+        raise UserError("no spec: give SPEC names (or --all for every shipped matmul spec)")
+    if args.shapes and (args.N is not None or args.K is not None):
+        raise UserError("--shapes and --N/--K both given: use one")
+    if (args.N is None) != (args.K is None):
+        raise UserError("--N and --K go together (or give --shapes NxK)")
+    shapes = args.shapes or ([(args.N, args.K)] if args.N is not None else None)
+    if not shapes:
+        raise UserError("no shape: give --shapes NxK[,NxK...] (or --N and --K)")
+    names = shipped_matmul_specs() if args.all else list(dict.fromkeys(args.spec))
+    specs = matmul_specs(names, command="opgen tune")
+    for spec in specs:
+        for N, K in shapes:
+            try:
+                planner.check_shape(spec, N, K)
+            except planner.PlanError as e:
+                raise UserError(f"{spec.name} at N={N}, K={K} (--shapes/--N/--K): {e}") from None
+    return specs, shapes
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    specs, shapes = specs_and_shapes(args)
+    run = tuner.tune_many(specs, shapes, Ms=args.M, db=args.db, workers=args.workers,
+                          repeats=args.repeats, progress=not args.quiet, budget_ms=args.budget_ms,
+                          rank_budget_ms=args.rank_budget_ms, finalists=args.finalists,
+                          seed=args.seed)
+    print(report(run, args.db or TuningDB().path))
+    if run.interrupted:
+        return 130                   # as a shell reports SIGINT
+    return 0 if all(r.ok() for r in run.results) else 1
+
+
+def report(run: tuner.TuneRun, db_path) -> str:
+    """A table per (spec, shape), what failed, and where the time went."""
+    out: List[str] = []
+    for res in run.results:
+        head = f"== {res.spec_name}  N={res.N} K={res.K}"
+        if res.error is not None:
+            out += [f"{head}: NOT tuned ({res.error})", ""]
+            continue
+        rows = [[b, r["M"], r.get("config_name", ""), r["median_us"], r.get("heuristic_us"),
+                 speedup(r)] for b, r in res.items()]
+        out.append(f"{head}  ({res.seconds:.1f} s)")
+        if rows:
+            out.append(format_table(["bucket", "M", "best config", "us", "heuristic us",
+                                     "speedup"], rows))
+            out.append(f"stored {len(res)} record(s) under {res.key}")
+        for b, why in res.untuned.items():
+            out.append(f"bucket {b}: NOT tuned ({why})")
+        if res.launch_failed:
+            out.append(f"{len(res.launch_failed)} config(s) failed to launch: "
+                       + "; ".join(f"{n}: {w}" for n, w in list(res.launch_failed.items())[:3]))
+        if res.compile_failed:
+            out.append(f"{len(res.compile_failed)} config(s) did not compile")
+        out.append("")
+    stored = sum(len(r) for r in run.results)
+    wanted = sum(len(r) + len(r.untuned) for r in run.results if r.error is None)
+    timing_s = sum(r.seconds for r in run.results)
+    out.append(f"stored {stored} record(s) of {wanted} bucket(s), {len(run.results)} "
+               f"(spec, shape) pair(s), in {db_path}")
+    out.append(f"total {run.total_s:.1f} s: planning {run.plan_s:.1f} s, compiling {run.kernels} "
+               f"kernels {run.compile_s:.1f} s ({run.kernels_failed} failed), timing + "
+               f"verification {timing_s:.1f} s (the GPU times while the later specs compile)")
+    return "\n".join(out)
+
+
+COMMANDS = (Command("tune", "tune tile configs on this GPU and store the winners", _tune_args,
+                    cmd_tune),)

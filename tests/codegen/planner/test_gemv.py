@@ -1,0 +1,73 @@
+"""planner/gemv.py: the SIMT GEMVs (row and column) and the tensor-core one."""
+import dataclasses
+
+import pytest
+
+from opgen.codegen import planner
+from opgen.codegen.lower import decode_plan, numerics, weight_layout
+from opgen.codegen.resolve import load_spec, shipped_specs
+
+
+def spec(name):
+    return load_spec(shipped_specs()[name])
+
+
+def test_byte_pairs_for_4_bit_codebooks():
+    """NF4 and MXFP4 GEMVs pair the two nibbles of each byte (one lookup in a
+    table of value pairs); the pair is the byte's low then high nibble, which
+    NF4 stores as elements k + 1, k and MXFP4 as k, k + 1."""
+    for name, first in (("bnb_nf4", 1), ("mxfp4", 0)):
+        s = spec(name)
+        g = planner.geometry(s, planner.Config("gemv", vbytes=16, mmax=1, warps=8, cols=4), "sm_90")
+        assert g["dec"].method == "pair_table"
+        v = g["vec"]
+        assert all(p.step == 4 and p.shift % 8 == 0 for p in v.pairs)
+        p0 = v.pairs[0]
+        assert (v.dk[p0.ia], v.dk[p0.ib]) == (first, 1 - first)
+    # the GEMMs keep the per-code table; other formats their decode
+    nf4 = spec("bnb_nf4")
+    assert decode_plan(weight_layout(nf4), numerics(nf4)).method == "table"
+    g = planner.geometry(spec("w4a16_sym_g128"), planner.Config("gemv", vbytes=16, mmax=1), "sm_90")
+    assert g["dec"].method == "magic" and g["vec"].pairs[0].step == 16
+
+
+def test_row_gemv_shared_memory_and_columns():
+    s = spec("w2a16_g128")
+    cfg = planner.Config("gemv", warps=8, vbytes=16, split_k=1, mmax=1, cols=4)
+    g = planner.geometry(s, cfg, "sm_90")
+    assert g["scheme"] == "row"
+    assert planner.launch_smem(g, cfg, 8192) == 8192 * 2          # one row of fp16 activations
+    assert planner.launch_smem(g, cfg, 8032) == 126 * 128     # 16064 bytes: whole 128-byte lines
+    assert planner.grid(s, cfg, 1, 8192) == (8192 // 32, 1, 1)
+    # too many staged rows for the cap: needs split-K
+    big = planner.Config("gemv", warps=8, vbytes=4, split_k=1, mmax=8, cols=1)
+    assert not planner.shape_ok(planner.geometry(s, big, "sm_90"), big, 8192, 8192)
+    # columns per warp are a row-GEMV notion
+    with pytest.raises(planner.PlanError, match="row GEMV"):
+        planner.geometry(spec("gptq_v2_w4a16_g128"), planner.Config("gemv", cols=2, mmax=1), "sm_90")
+
+
+def test_tensor_core_gemv_rules():
+    s = spec("w4a16_sym_g128")
+    cfg = planner.Config("gemv", warps=8, vbytes=16, split_k=1, mmax=4, tc=True)
+    g = planner.geometry(s, cfg, "sm_90")
+    assert cfg.name.endswith("_tc") and planner.grid(s, cfg, 3, 8192) == (8192 // 128, 1, 1)
+    assert planner.shape_ok(g, cfg, 8192, 8192)          # k-blocks of 4 x 32 weights
+    assert not planner.shape_ok(g, cfg, 8192, 8192 + 32)
+    # a quad's 4 vectors (4 x 64 2-bit weights) would span two scale groups
+    with pytest.raises(planner.PlanError, match="one scale group"):
+        planner.geometry(spec("w2a16_g128"), planner.Config("gemv", vbytes=16, mmax=1, tc=True), "sm_90")
+    with pytest.raises(planner.PlanError, match="weights stored"):
+        planner.geometry(spec("gptq_v2_w4a16_g128"), planner.Config("gemv", mmax=1, tc=True), "sm_90")
+    # 9-16 rows: two m-tiles; staged rows of 16 x 8192 fp16 need split-K 4
+    cfg16 = planner.Config("gemv", warps=8, vbytes=16, split_k=4, mmax=16, tc=True)
+    assert planner.shape_ok(planner.geometry(s, cfg16, "sm_90"), cfg16, 8192, 8192)
+    half = dataclasses.replace(cfg16, split_k=2)
+    assert not planner.shape_ok(planner.geometry(s, half, "sm_90"), half, 8192, 8192)
+    with pytest.raises(planner.PlanError, match="at most 16 rows"):
+        planner.geometry(s, planner.Config("gemv", mmax=32, tc=True), "sm_90")
+    # the heuristic takes it from M = 2 to 16 (measured faster at M = 4), not at M = 1
+    assert not planner.heuristic(s, "sm_90", 1, 8192, 8192).tc
+    for M in (2, 4, 16):
+        pick = planner.heuristic(s, "sm_90", M, 8192, 8192)
+        assert pick.tc and pick.mmax >= M and planner.blocks(s, pick, M, 8192) >= 15 * 132 // 8

@@ -1,0 +1,74 @@
+"""planner/heuristic.py: the picks without tuning, as the measured winners
+had them."""
+import pytest
+
+from opgen.codegen import hw, planner
+from opgen.codegen.resolve import load_spec, shipped_specs
+
+
+def spec(name):
+    return load_spec(shipped_specs()[name])
+
+
+def test_heuristic_takes_tma_like_the_tuned_winners():
+    """From M = 9 the heuristic picks the TMA GEMM for dense operands (and
+    for predecode's dense half), with the tuned winners' tiles (docs/performance.md#tma-gemm)."""
+    for name, M, want in (("w8a8_int8", 64, (64, 64, 0)), ("fp8_e4m3_w8a8", 256, (128, 128, 8)),
+                          ("fp16", 4096, (128, 256, 8)), ("gptq_v2_w4a16_g128", 4096, (128, 256, 8))):
+        c = planner.heuristic(spec(name), "sm_90", M, 8192, 8192)
+        assert c.tma and (c.BM, c.BN, c.raster) == want, c.name
+    assert not planner.heuristic(spec("w8a8_int8"), "sm_80", 64, 8192, 8192).tma
+
+
+def test_heuristic_takes_tall_tiles_for_decoded_weights():
+    """Decoded weights on wgmma above M = 64: 128-row tiles despite padding
+    (each m-tile decodes the weights again), 256 wide once they fill most of a
+    wave, as the tuned winners of the 129-256 bucket had them
+    (docs/performance.md#gemm)."""
+    for name, M, N, want in (("mxfp4", 256, 8192, (128, 128)),
+                             ("bnb_nf4", 192, 6144, (128, 128)),
+                             ("bnb_nf4", 256, 28672, (128, 256)),
+                             ("mxfp4", 256, 14336, (128, 256))):
+        c = planner.heuristic(spec(name), "sm_90", M, N, 8192)
+        assert c.wgmma and not c.predecode and (c.BM, c.BN) == want, c.name
+    # dense operands keep the TMA rule, M <= 64 the least padding
+    assert planner.heuristic(spec("gptq_v2_w4a16_g128"), "sm_90", 48, 6144, 6144).BM == 64
+
+
+def test_heuristic_takes_the_rs_gemm_above_16_rows():
+    """w4a16_sym from M = 17 to the predecode threshold: the rs GEMM as
+    its sweeps' winners had it (64 weight rows, two k-groups; 128-deep
+    k-tiles up to 128 rows, then a 256-row m-tile with a producer
+    warpgroup), and past 256 rows as the tuned ones
+    (docs/performance.md#rs-gemm)."""
+    s = spec("w4a16_sym_g128")
+    for M, want in ((17, (32, 128, 8)), (64, (64, 128, 8)), (100, (128, 128, 6)), (256, (256, 64, 6))):
+        c = planner.heuristic(s, "sm_90", M, 8192, 8192)
+        assert c.rs and c.BN == 64 and c.kgroups == 2 and (c.BM, c.BK, c.stages) == want, (M, c.name)
+    assert planner.geometry(s, planner.heuristic(s, "sm_90", 256, 8192, 8192), "sm_90")["regs"] == (40, 232)
+    assert planner.heuristic(s, "sm_90", 16, 8192, 8192).tc
+    assert not planner.heuristic(s, "sm_80", 64, 8192, 8192).rs
+    # past 256 rows: 128 weight rows, one k-group, until predecode
+    c = planner.heuristic(s, "sm_90", 1024, 8192, 8192)
+    assert c.rs and (c.BM, c.BN, c.BK, c.kgroups, c.stages) == (256, 128, 64, 1, 4), c.name
+    assert planner.heuristic(s, "sm_90", 2048, 8192, 8192).predecode
+
+
+@pytest.mark.parametrize("name,start", [("awq_w4a16_g128", 256), ("gptq_v2_w4a16_g128", 256),
+                                        ("w1a16_g128", 256), ("bnb_nf4", 512),
+                                        ("w4a16_sym_g128", 2048), ("gptq_v2_w4a16_g128_repacked", 2048)])
+def test_predecode_from(name, start):
+    """The measured thresholds (docs/performance.md#predecode): no fused wgmma (AWQ) or per-group zero points from 256, the rs
+    GEMM's specs from 2048, the rest from 512."""
+    s = spec(name)
+    assert planner.predecode_from(s, planner.candidates(s, "sm_90", 1024, 8192, 8192), "sm_90") == start
+
+
+def test_sm_count_is_the_callers():
+    """The device's SM count is passed in (the runtime asks the device);
+    without one the arch's planned device's (hw.planned_device: the H200)."""
+    s = spec("fp16")
+    assert hw.planned_device("sm_90").sms == 132
+    planned = planner.heuristic(s, "sm_90", 64, 4096, 4096, hw.planned_device("sm_90").sms)
+    assert planner.heuristic(s, "sm_90", 64, 4096, 4096) == planned
+    assert planner.heuristic(s, "sm_90", 64, 4096, 4096, sms=16) != planned

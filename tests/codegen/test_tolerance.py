@@ -1,0 +1,29 @@
+"""The one tolerance policy (codegen/tolerance.py): from the dtypes a kernel
+rounds through, with the margins its docstring states."""
+import math
+
+from opgen.codegen.spec import Activation, Output, Scale, Spec, Weight
+from opgen.codegen.tolerance import BENCH_FACTOR, tolerance
+
+SPEC = Spec(name="w4a16_fake", op="matmul", a=Activation("float16"),
+            b=Weight("uint4", scale=Scale("float16", "group", 128)), out=Output("float16"))
+
+
+def test_tolerance():
+    assert math.isclose(tolerance(SPEC), 2e-3, rel_tol=0.05)
+    bf16 = Spec(name="x", op="matmul", a=Activation("bfloat16"), b=None, out=Output("bfloat16"))
+    f32 = Spec(name="x", op="matmul", a=Activation("float16"), b=None, out=Output("float32"))
+    assert 1e-2 <= tolerance(bf16) <= 2e-2
+    assert 5e-4 <= tolerance(f32) <= 1.1e-3
+    assert tolerance(f32) < tolerance(SPEC) < tolerance(bf16)
+
+
+def test_int8_activations_allow_fp16_rounding_and_the_bench_only_clear_faults():
+    i8 = Spec(name="x", op="matmul", a=Activation("int8", scale="row"), b=None,
+              out=Output("float16"))
+    assert tolerance(i8) == tolerance(SPEC)
+    # fp8 codes are read exactly too: bf16 out is the larger rounding (8.8e-3)
+    f8 = Spec(name="x", op="matmul", a=Activation("float8_e4m3", scale="row"), b=None,
+              out=Output("bfloat16"))
+    assert 8e-3 < tolerance(f8) < 1e-2
+    assert BENCH_FACTOR > 1
