@@ -95,9 +95,38 @@ def cuda_include_dirs() -> List[str]:
     return out[:1]
 
 
+# The CUDA headers the templates include (through cuda_fp16.h and friends).
+CUDA_HEADERS = ("cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp", "cuda_fp8.h",
+                "cuda_fp8.hpp")
+
+
 def options(arch: str) -> List[str]:
     return [f"--gpu-architecture={arch}", "-std=c++17", "--ptxas-options=-v",
             "-default-device", *[f"-I{d}" for d in cuda_include_dirs()]]
+
+
+@functools.lru_cache(maxsize=1)
+def headers_fingerprint() -> str:
+    """Hash of the CUDA headers' content: the cache key holds what the headers
+    say, not where they are (two venvs of one install share a cache; a new
+    header version misses)."""
+    h = hashlib.sha256()
+    for d in cuda_include_dirs():
+        for name in CUDA_HEADERS:
+            p = os.path.join(d, name)
+            if os.path.isfile(p):
+                h.update(name.encode() + b"\0" + Path(p).read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(spec: Spec, cfg: Optional[planner.Config], arch: str, target: str) -> str:
+    """Everything that changes the binary: what the source is rendered from,
+    the NVRTC options (less the include path), the headers' content, NVRTC
+    and opgen."""
+    opts = [o for o in options(target) if not o.startswith("-I")]
+    return hashlib.sha256("\0".join(
+        [code_fingerprint(), repr(spec), repr(cfg), arch, " ".join(opts), headers_fingerprint(),
+         nvrtc_version(), __version__]).encode()).hexdigest()[:32]
 
 
 def cache_dir() -> Path:
@@ -106,12 +135,22 @@ def cache_dir() -> Path:
     return Path(root) / "cubin"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()      # what open() would give (mkstemp gives 0600)
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -161,6 +200,23 @@ def _package_files(root, prefix: str = ""):
             yield prefix + f.name, f.read_bytes()
 
 
+def _digest(cubin: bytes) -> str:
+    return hashlib.sha256(cubin).hexdigest()
+
+
+def _read_entry(path: Path, log_path: Path, src_path: Path, sum_path: Path):
+    """(cubin, source, log) of a complete cache entry whose cubin is the one
+    written (an ELF image with the recorded sha256), else None: a truncated,
+    emptied or overwritten cubin is compiled again, never served."""
+    try:
+        cubin = path.read_bytes()
+        if cubin[:4] != b"\x7fELF" or sum_path.read_text().strip() != _digest(cubin):
+            return None
+        return cubin, src_path.read_text(), log_path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
                    use_cache: bool = True) -> Compiled:
     """Render + compile (or take from the cache) one kernel; cfg is None for
@@ -175,13 +231,14 @@ def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
     else:
         name, plan = render.kernel_name(spec, cfg), planner.plan(spec, cfg, arch)
     target = plan.target                      # e.g. sm_90a for wgmma kernels
-    key = hashlib.sha256("\0".join(
-        [code_fingerprint(), repr(spec), repr(cfg), arch, " ".join(options(target)),
-         nvrtc_version(), __version__]).encode()).hexdigest()[:32]
+    key = cache_key(spec, cfg, arch, target)
     path = cache_dir() / f"{name}-{arch}-{key}.cubin"
-    log_path, src_path = path.with_suffix(".log"), path.with_suffix(".cu")
-    if use_cache and path.exists() and log_path.exists() and src_path.exists():
-        return Compiled(path.read_bytes(), name, src_path.read_text(), log_path.read_text(), plan, arch)
+    log_path, src_path, sum_path = (path.with_suffix(".log"), path.with_suffix(".cu"),
+                                    path.with_suffix(".sha256"))
+    if use_cache:
+        hit = _read_entry(path, log_path, src_path, sum_path)
+        if hit is not None:
+            return Compiled(hit[0], name, hit[1], hit[2], plan, arch)
     if source is None:
         source, _ = render.render(spec, cfg, arch, plan=plan)
     cubin, log = nvrtc_compile(source, name, target)
@@ -194,6 +251,7 @@ def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
         # The cubin last: its presence (with the others) marks a complete entry.
         _atomic_write(log_path, log.encode())
         _atomic_write(src_path, source.encode())
+        _atomic_write(sum_path, _digest(cubin).encode())
         _atomic_write(path, cubin)
     return Compiled(cubin, name, source, log, plan, arch)
 

@@ -10,25 +10,36 @@ of GPU time to fill:
     write a temp file in the same directory, fsync it and os.replace it over
     PATH: concurrent writers keep each other's records and a crash never
     leaves a half-written file.  Readers take no lock (replace is atomic).
-  * an unreadable file (bad JSON, wrong shape) warns once and reads as empty;
-    the next write copies it aside to PATH.corrupt-<timestamp> first.
-  * a file of another format or version (or any other JSON file) warns and
-    reads as empty, and is never overwritten: writes raise TuningDBError.
+    A writer killed between its temp file and the replace leaves the temp
+    file behind: the next writer removes it under the lock.
+  * records are checked one by one: a bad one (no config, no time, an
+    unknown M bucket) is reported and skipped, the others are served; the
+    next write copies the file aside to PATH.corrupt-<timestamp> and keeps
+    every good record.
+  * an unreadable file (bad JSON, a damaged layout) warns once and reads as
+    empty; the next write copies it aside the same way and starts afresh.
+  * a file of another format or version, or any other JSON (a list, some
+    settings file), warns and reads as empty, and is never overwritten:
+    writes raise TuningDBError.  So do a file, directory or lock the
+    filesystem will not let us read or write (TuningDBError: one line naming
+    the path, never a raw OSError).
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import json
+import math
 import os
+import re
 import tempfile
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from ..codegen.buckets import bucket_order
+from ..codegen.buckets import LABELS, bucket_order
 
 FORMAT = "opgen-tuning-db"
 VERSION = 1
@@ -37,25 +48,36 @@ ENV_VAR = "OPGEN_TUNING_DB"          # the user DB's path (tuning_db.default_pat
 Record = Dict[str, object]
 
 _RECORD_ORDER = ("config_name", "M", "config", "median_us", "runner_up_us",
-                 "heuristic_us", "measured_at")
+                 "heuristic_us", "measured_at", "source_hash", "nvrtc", "opgen")
 
 
 class TuningDBError(RuntimeError):
-    """A write that would destroy a file we do not understand."""
+    """A DB file that cannot be used: one that is not ours (never
+    overwritten) or one the filesystem will not let us read or write.  The
+    message is one line naming the path."""
 
 
-def record_ok(rec) -> bool:
-    return (isinstance(rec, dict) and isinstance(rec.get("config"), dict)
-            and isinstance(rec.get("median_us"), (int, float)))
+def record_problem(bucket: str, rec) -> Optional[str]:
+    """Why a stored record cannot be used, or None when its layout is right
+    (whether its config is still current is tuning_db's question)."""
+    if bucket not in LABELS:
+        return f"unknown M bucket {bucket!r}"
+    if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):
+        return "no 'config' object"
+    t = rec.get("median_us")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+        return f"'median_us' is {t!r}, not a positive number"
+    return None
 
 
 # --- reading ------------------------------------------------------------------
 
 @dataclass
 class State:
-    kind: str                                # ok | missing | corrupt | foreign
+    kind: str                                # ok | missing | corrupt | foreign | unreadable
     records: Dict[str, Dict[str, Record]] = field(default_factory=dict)
     detail: str = ""
+    bad: List[str] = field(default_factory=list)    # "records[KEY][BUCKET]: why", each skipped
 
 
 def parse(text: str) -> State:
@@ -64,24 +86,30 @@ def parse(text: str) -> State:
     except ValueError as e:
         return State("corrupt", detail=f"not valid JSON ({e})")
     if not isinstance(data, dict):
-        return State("corrupt", detail="the top level is not a JSON object")
+        # Some other JSON file that the path points at by mistake.
+        return State("foreign", detail=f"the top level is a JSON {type(data).__name__}, "
+                                       f"not a {FORMAT!r} object")
     fmt, ver = data.get("format"), data.get("version")
     if fmt != FORMAT or ver != VERSION:
-        # Another format, a newer opgen's layout, or some unrelated JSON file
-        # that OPGEN_TUNING_DB points at by mistake: never ours to rewrite.
+        # Another format, a newer opgen's layout, or some unrelated settings
+        # file: never ours to rewrite.
         return State("foreign", detail=f"format {fmt!r} version {ver!r}, "
                                         f"expected {FORMAT!r} version {VERSION}")
     records = data.get("records")
     if not isinstance(records, dict):
         return State("corrupt", detail="'records' is not an object")
+    state = State("ok")
     for key, per_bucket in records.items():
         if not isinstance(per_bucket, dict):
-            return State("corrupt", detail=f"records[{key!r}] is not an object")
+            state.bad.append(f"records[{key!r}]: not an object")
+            continue
         for bucket, rec in per_bucket.items():
-            if not record_ok(rec):
-                return State("corrupt", detail=f"records[{key!r}][{bucket!r}] lacks "
-                                                "a 'config' object or a numeric 'median_us'")
-    return State("ok", records)
+            why = record_problem(bucket, rec)
+            if why is None:
+                state.records.setdefault(key, {})[bucket] = rec
+            else:
+                state.bad.append(f"records[{key!r}][{bucket!r}]: {why}")
+    return state
 
 
 def read_state(path: Path) -> Tuple[Optional[tuple], State]:
@@ -93,8 +121,8 @@ def read_state(path: Path) -> Tuple[Optional[tuple], State]:
             raw = f.read()
     except FileNotFoundError:
         return None, State("missing")
-    except OSError as e:
-        return None, State("corrupt", detail=f"cannot be read ({e})")
+    except OSError as e:                   # a directory, no permission, an I/O error
+        return None, State("unreadable", detail=e.strerror or str(e))
     sig = (st.st_ino, st.st_mtime_ns, st.st_size)
     try:
         return sig, parse(raw.decode("utf-8"))
@@ -102,15 +130,33 @@ def read_state(path: Path) -> Tuple[Optional[tuple], State]:
         return sig, State("corrupt", detail=f"not UTF-8 text ({e})")
 
 
+def problems(path: Path, state: State, shipped: bool = False) -> List[str]:
+    """One line per thing wrong with the file in `state` (none when it is fine)."""
+    what = "shipped tuning DB" if shipped else "tuning DB"
+    if state.kind == "corrupt":
+        then = "" if shipped else (f"; the next write copies it to {path}.corrupt-<timestamp> "
+                                   "and starts a fresh file")
+        return [f"{what} {path} is unreadable: {state.detail}{then}"]
+    if state.kind == "foreign":
+        return [f"{what} {path} is not a file this opgen understands ({state.detail}) and is "
+                f"never overwritten: pass another path (argument, --db or ${ENV_VAR})"]
+    if state.kind == "unreadable":
+        return [f"{what} {path} cannot be read: {state.detail}"]
+    return [f"{what} {path}: {b}; skipped" for b in state.bad]
+
+
 _NEVER = object()      # 'not warned yet' (a None signature is a real one)
 
 
 class DBFile:
-    """One DB file, read lazily and cached until its (inode, mtime, size) change."""
+    """One DB file, read lazily and cached until its (inode, mtime, size)
+    change.  What is wrong with it is warned once per version of the file
+    (RuntimeWarning: the op falls back on the heuristic), unless quiet."""
 
-    def __init__(self, path: Path, shipped: bool = False):
+    def __init__(self, path: Path, shipped: bool = False, quiet: bool = False):
         self.path = path
         self.shipped = shipped
+        self.quiet = quiet
         self._sig: Optional[tuple] = None
         self._state = State("missing")
         self._warned: object = _NEVER
@@ -129,21 +175,23 @@ class DBFile:
         self._warn(self._state)
         return self._state
 
+    def problems(self) -> List[str]:
+        return problems(self.path, self.read(), self.shipped)
+
     def _warn(self, state: State) -> None:
-        if state.kind not in ("corrupt", "foreign") or self._warned == self._sig:
+        if self.quiet or self._warned == self._sig:
+            return
+        lines = problems(self.path, state, self.shipped)
+        if not lines:
             return
         self._warned = self._sig
-        what = "shipped tuning DB" if self.shipped else "opgen tuning DB"
-        if state.kind == "corrupt":
-            then = ("" if self.shipped else
-                    f"; the next write will copy it aside to {self.path}.corrupt-<timestamp> "
-                    "and start a fresh file")
-            msg = f"{what} {self.path} is unreadable: {state.detail}. Ignoring it " \
-                  f"(heuristic configs are used){then}."
+        if state.bad:
+            then = "" if self.shipped else (f"; the next write keeps the others and copies the "
+                                            f"file to {self.path}.corrupt-<timestamp>")
+            msg = (f"{len(lines)} bad record(s) skipped (heuristic configs are used for "
+                   f"them){then}. First: {lines[0]}")
         else:
-            msg = f"{what} {self.path} is not a file this opgen understands: {state.detail}. " \
-                  "Ignoring it (heuristic configs are used); opgen will not overwrite it, " \
-                  f"so pass another path (argument, --db or ${ENV_VAR}) to store tuning results."
+            msg = f"{lines[0]}. Ignoring it: heuristic configs are used."
         warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
 
@@ -176,8 +224,15 @@ def document(records: Dict[str, Dict[str, Record]]) -> dict:
     return {"format": FORMAT, "version": VERSION, "records": out}
 
 
+def _temp_name(path: Path) -> "re.Pattern[str]":
+    """The names atomic_write's temp files of PATH have (tempfile.mkstemp's
+    8 random characters between the prefix and the suffix)."""
+    return re.compile(re.escape(path.name) + r"\.[a-z0-9_]{8}\.tmp")
+
+
 def atomic_write(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Replace PATH by doc, atomically; call it holding PATH's lock (which is
+    what lets the next writer remove a temp file a killed one left)."""
     try:
         mode = os.stat(path).st_mode & 0o777
     except OSError:
@@ -204,6 +259,18 @@ def atomic_write(path: Path, doc: dict) -> None:
             os.close(dfd)
 
 
+def remove_stale_temps(path: Path) -> int:
+    """Remove the temp files of PATH that killed writers left; only under
+    PATH's lock (every live writer holds it while its temp file exists)."""
+    pattern, n = _temp_name(path), 0
+    for p in path.parent.iterdir():
+        if pattern.fullmatch(p.name):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                n += 1
+    return n
+
+
 def copy_aside(path: Path) -> Path:
     stamp = datetime.now().strftime("%Y%m%dT%H%M%S.%f")
     backup = path.with_name(f"{path.name}.corrupt-{stamp}")
@@ -214,24 +281,50 @@ def copy_aside(path: Path) -> Path:
     return backup
 
 
+def _os_error(path: Path, e: OSError) -> TuningDBError:
+    where = f" ({e.filename})" if e.filename and str(e.filename) != str(path) else ""
+    return TuningDBError(f"cannot write the tuning DB {path}: {e.strerror or e}{where}")
+
+
 def update(path: Path, mutate, write_if=lambda result: True):
     """Under the file's lock: read it afresh, mutate(records) -> result, and
-    write it back if write_if(result); returns the result."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with locked(path):
-        _, state = read_state(path)          # fresh: another writer may have been here
-        if state.kind == "foreign":
-            raise TuningDBError(
-                f"refusing to write {path}: it is not a file this opgen understands "
-                f"({state.detail}); it may belong to a newer opgen or to something else. "
-                f"Pass another path (argument, --db or ${ENV_VAR}).")
-        if state.kind == "corrupt":
-            backup = copy_aside(path)
-            warnings.warn(f"opgen tuning DB {path} was unreadable ({state.detail}); "
-                          f"copied it to {backup} and started a fresh file.",
-                          RuntimeWarning, stacklevel=3)
-            state = State("ok")
-        result = mutate(state.records)
-        if write_if(result):
-            atomic_write(path, document(state.records))
+    write it back if write_if(result); returns the result.  Every way the
+    file cannot be written raises TuningDBError."""
+    try:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError as e:            # a file where a folder of the path should be
+            raise TuningDBError(f"cannot write the tuning DB {path}: "
+                                f"{e.filename} is not a directory") from None
+        with locked(path):
+            remove_stale_temps(path)
+            _, state = read_state(path)          # fresh: another writer may have been here
+            if state.kind == "foreign":
+                raise TuningDBError(
+                    f"refusing to write {path}: it is not a file this opgen understands "
+                    f"({state.detail}); it may belong to a newer opgen or to something else. "
+                    f"Pass another path (argument, --db or ${ENV_VAR}).")
+            if state.kind == "unreadable":
+                raise TuningDBError(f"cannot read the tuning DB {path}: {state.detail}")
+            if state.kind != "missing" and not os.access(path, os.W_OK):
+                raise TuningDBError(f"cannot write the tuning DB {path}: it is read-only")
+            kept = sum(map(len, state.records.values()))
+            result = mutate(state.records)
+            if write_if(result):
+                if state.kind == "corrupt" or state.bad:
+                    _keep_damaged(path, state, kept)
+                atomic_write(path, document(state.records))
+    except OSError as e:
+        raise _os_error(path, e) from None
     return result
+
+
+def _keep_damaged(path: Path, state: State, kept: int) -> None:
+    """Before writing over a damaged file: copy it aside, say so."""
+    backup = copy_aside(path)
+    if state.kind == "corrupt":
+        what = f"was unreadable ({state.detail}); copied it to {backup} and started a fresh file"
+    else:
+        what = (f"had {len(state.bad)} bad record(s) (first: {state.bad[0]}); copied the file "
+                f"to {backup} and kept the {kept} good one(s)")
+    warnings.warn(f"opgen tuning DB {path} {what}.", RuntimeWarning, stacklevel=4)

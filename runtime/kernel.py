@@ -15,12 +15,14 @@ from ..codegen.spec import Spec
 from ..codegen import compiler
 from ..codegen.kernel_args import ARGUMENTS, TMA_ARGUMENTS
 from . import tma
-from .device import current_arch
+from .device import current_arch, current_device
 
 
 def load_function(compiled: compiler.Compiled):
-    """cubin -> (module, function), with the dynamic shared memory opted in."""
+    """cubin -> (module, function), with the dynamic shared memory opted in
+    (NoGPUError, not a raw CUDA error, where there is no GPU)."""
     import cupy
+    current_device()
     module = cupy.cuda.function.Module()
     module.load(compiled.cubin)
     fn = module.get_function(compiled.name)

@@ -27,7 +27,9 @@ One run tunes any number of (spec, N x K) pairs, each for a set of M buckets
      kernel can be neither the yardstick that drops the others nor the
      winner;
   4. each pair's winners written to the DB in one locked update as soon as
-     the pair is done: a crash or a timeout loses the pair in progress only.
+     the pair is done: a crash or a timeout loses the pair in progress only;
+     each record keeps its config's source hash (tuning_db.rendered_hash), so
+     it is served only while the config renders to the kernel measured.
 
 The planner, device and GPU session are reached through the small wrappers
 below (_candidates, _heuristic, _stages, _device_info, _make_session), which
@@ -45,7 +47,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..codegen import planner
 from ..codegen.buckets import LABELS, bucket_of, representative_M
 from ..codegen.tolerance import tolerance
-from . import device, workbench
+from . import device, tuning_db, workbench
 from .compile_pool import Compiles
 from .progress import Progress
 from .timing import BUDGET_MS, DROP_RATIO, RANK_BUDGET_MS, Timing
@@ -132,6 +134,7 @@ class _Pair:
     N: int
     K: int
     results: TuneResults
+    nvrtc: str = ""                  # the NVRTC the records are measured with
     buckets: List[_BucketPlan] = field(default_factory=list)
 
 
@@ -177,8 +180,8 @@ def _plan_pairs(specs, shapes, Ms, arch, device_name, nvrtc) -> List[_Pair]:
     pairs = []
     for spec in specs:
         for N, K in shapes:
-            key = make_key(spec, N, K, arch=arch, device=device_name, nvrtc=nvrtc)
-            pair = _Pair(spec, int(N), int(K), TuneResults(key, spec.name, int(N), int(K)))
+            key = make_key(spec, N, K, arch=arch, device=device_name)
+            pair = _Pair(spec, int(N), int(K), TuneResults(key, spec.name, int(N), int(K)), nvrtc)
             try:
                 pair.buckets = _plan(spec, arch, N, K, Ms)
             except Exception as e:
@@ -310,8 +313,15 @@ def _tune_pair(session, pair: _Pair, compiled, db, prog: Progress, opts: _Option
             except Exception as e:               # e.g. out of memory at a large M
                 res.untuned[plan.bucket] = f"{type(e).__name__}: {e}"
                 continue
-            if rec is not None:
-                res[plan.bucket] = rec
+            if rec is None:
+                continue
+            # What lookups will check the record against: the winner's kernels
+            # as rendered now, from the config dict the record keeps.
+            source_hash = tuning_db.rendered_hash(res.key, rec["config"])
+            if source_hash is None:
+                res.untuned[plan.bucket] = f"{rec['config_name']} does not render from its record"
+                continue
+            res[plan.bucket] = dict(rec, source_hash=source_hash, nvrtc=pair.nvrtc)
     finally:
         trials.close()
     if res:

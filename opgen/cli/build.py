@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from ..codegen import hw
 from ..codegen.build import build_spec
@@ -31,9 +33,34 @@ def cmd_build(args: argparse.Namespace) -> int:
     shape = specialize_shape(spec, M=args.M, N=args.N, K=args.K)
     out_dir = Path(args.out_dir) if args.out_dir else Path("build") / spec.name
     result = build_spec(spec, out_dir, args.arch, M=shape.M, N=shape.N, K=shape.K)
-    for p in _paths(result):
+    paths = _paths(result)
+    for p in paths:
         print(p)
+    for line in spill_warnings(next((Path(p) for p in paths if p.endswith("plan.json")), None)):
+        print(f"opgen: warning: {line}", file=sys.stderr)
     return 0
+
+
+def spill_warnings(plan_path: Optional[Path]) -> List[str]:
+    """One line per kernel of plan.json that ptxas gave local memory (spills
+    or a stack frame): it runs correctly, but slower than it should."""
+    if plan_path is None or not plan_path.is_file():
+        return []
+    out = []
+
+    def walk(x):
+        if isinstance(x, dict):
+            res = x.get("ptxas")
+            if isinstance(res, dict) and (res.get("spill_bytes", 0) or res.get("stack", 0)):
+                out.append(f"{x.get('entry', '?')}: ptxas spills {res.get('spill_bytes', 0)} bytes "
+                           f"(stack frame {res.get('stack', 0)} bytes); see plan.json")
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+    walk(json.loads(plan_path.read_text()).get("kernels", {}))
+    return out
 
 
 def _paths(result) -> List[str]:

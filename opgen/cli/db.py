@@ -1,12 +1,22 @@
-"""`opgen db show|prune|export`: inspect and maintain the tuning DB."""
+"""`opgen db show|prune|export`: inspect and maintain the tuning DB.
+
+Every problem with a DB file (unreadable, not a DB, a bad record, a path the
+filesystem refuses) is one line on stderr naming the file, and exit status 2;
+nothing of it is a Python warning or traceback.
+"""
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
+from typing import List
 
-from ..runtime.tuning_db import ENV_VAR, DBKey, Record, TuningDB, speedup, stale
+from ..runtime.tuning_db import (ENV_VAR, DBKey, Record, TuningDB, TuningDBError, record_status,
+                                 speedup, stale)
 from .command import Command
 from .table import format_table
+
+EXIT_PROBLEM = 2
 
 
 def _db_args(p: argparse.ArgumentParser) -> None:
@@ -17,11 +27,15 @@ def _db_args(p: argparse.ArgumentParser) -> None:
     show.add_argument("--spec", help="only this spec name")
     show.add_argument("--path", help=f"DB file (default: ${ENV_VAR} or ~/.cache/opgen/tuning.json)")
     show.add_argument("--no-shipped", action="store_true", help="hide the shipped DBs")
+    show.add_argument("--check", action="store_true",
+                      help="render each record's config and say whether it is served (its "
+                           "source is what it was measured on) or why not")
     show.set_defaults(db_run=cmd_show)
 
     prune = sub.add_parser(
-        "prune", help="remove stale records (another opgen version, or a shipped spec "
-                      "whose content changed)")
+        "prune", help="remove the records that can never be served (no source hash, a shipped "
+                      "spec whose content changed, a config that no longer renders to the "
+                      "kernel it was measured on)")
     prune.add_argument("--path")
     prune.add_argument("--spec", help="remove every record of this spec instead")
     prune.add_argument("--dry-run", action="store_true", help="only list what would go")
@@ -36,7 +50,25 @@ def _db_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    return args.db_run(args)
+    # What a write says on the way (a damaged file copied aside) is a line
+    # too, not a Python warning.
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            rc = args.db_run(args)
+        except TuningDBError as e:
+            rc = _report([str(e)])
+    for w in said:
+        print(f"opgen: warning: {w.message}", file=sys.stderr)
+    return rc
+
+
+def _report(problems: List[str]) -> int:
+    """Print each problem on stderr; the exit status."""
+    sys.stdout.flush()
+    for line in problems:
+        print(f"opgen: error: {line}", file=sys.stderr)
+    return EXIT_PROBLEM if problems else 0
 
 
 def config_label(record: Record) -> str:
@@ -47,7 +79,7 @@ def config_label(record: Record) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    db = TuningDB(args.path, shipped=not args.no_shipped)
+    db = TuningDB(args.path, shipped=not args.no_shipped, quiet=True)
     rows = []
     for e in db.records("all"):
         try:
@@ -57,20 +89,24 @@ def cmd_show(args: argparse.Namespace) -> int:
         if args.spec and k.spec != args.spec:
             continue
         r = e.record
-        rows.append([e.source, k.spec, k.spec_hash[:8], k.device, k.arch, k.opgen_version,
-                     k.nvrtc, k.N, k.K, e.bucket, r.get("M"), config_label(r),
-                     float(r["median_us"]), r.get("heuristic_us"), speedup(r)])
+        row = [e.source, k.spec, k.spec_hash[:8], k.device, k.arch, k.N, k.K, e.bucket,
+               r.get("M"), config_label(r), float(r["median_us"]), r.get("heuristic_us"),
+               speedup(r), r.get("nvrtc")]
+        rows.append(row + ([record_status(e.key, r)] if args.check else []))
     print(f"tuning DB: {db.path}" + ("" if db.path.exists() else " (no file yet)"))
     if not rows:
         print("no records" + (f" for spec {args.spec}" if args.spec else ""))
-        return 0
-    print(format_table(["source", "spec", "hash", "device", "arch", "opgen", "nvrtc", "N", "K",
-                        "bucket", "M", "config", "us", "heur us", "speedup"], rows))
-    return 0
+    else:
+        print(format_table(["source", "spec", "hash", "device", "arch", "N", "K", "bucket", "M",
+                            "config", "us", "heur us", "speedup", "nvrtc"]
+                           + (["status"] if args.check else []), rows))
+    return _report(db.problems())
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    db = TuningDB(args.path, shipped=False)
+    db = TuningDB(args.path, shipped=False, quiet=True)
+    if not db.usable():                 # nothing to judge: say why instead of "nothing to remove"
+        return _report(db.problems())
     if args.spec:
         def pred(key, bucket, rec):
             return key.split("|", 1)[0] == args.spec
@@ -78,20 +114,23 @@ def cmd_prune(args: argparse.Namespace) -> int:
         pred = stale()
     doomed = [e for e in db.records("user") if pred(e.key, e.bucket, e.record)]
     for e in doomed:
-        print(f"{'would remove' if args.dry_run else 'remove'}  {e.key}  [{e.bucket}]")
+        why = "" if args.spec else f"  ({record_status(e.key, e.record)})"
+        print(f"{'would remove' if args.dry_run else 'remove'}  {e.key}  [{e.bucket}]{why}")
     if not args.dry_run and doomed:
         n = db.prune(pred)
         print(f"removed {n} record(s) from {db.path}")
     elif not doomed:
         print(f"nothing to remove in {db.path}")
-    return 0
+    return _report(db.problems())
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    db = TuningDB(args.path)
+    db = TuningDB(args.path, quiet=True)
+    if not db.usable():                 # never write an empty export of an unreadable DB
+        return _report(db.problems())
     n = db.export(args.out, include_shipped=args.with_shipped)
     print(f"wrote {n} record(s) to {args.out}", file=sys.stderr)
-    return 0
+    return _report(db.problems("user" if not args.with_shipped else "all"))
 
 
 COMMANDS = (Command("db", "inspect and maintain the tuning database", _db_args, cmd_db),)

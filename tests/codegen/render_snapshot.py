@@ -12,32 +12,16 @@ shared memory) the planner gives it. `test_render_snapshot.py` runs the check.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import sys
 from pathlib import Path
+
+from opgen.codegen.source_hash import digest
 
 SNAPSHOT = Path(__file__).with_name("render_snapshot.json")
 ARCHES = ("sm_90", "sm_80")
 MS = (1, 16, 64, 256, 4096)
 SHAPES = ((4096, 4096), (8192, 8192), (28672, 8192), (8192, 28672), (14336, 57344))
-
-_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
-_SPACE_AROUND = re.compile(r"\s*([^\w\s])\s*")
-_SPACE = re.compile(r"\s+")
-
-
-def normalize(src: str) -> str:
-    """The source less comments and layout: runs of whitespace become one
-    space, and none is kept next to punctuation."""
-    src = _COMMENT.sub(" ", src)
-    return _SPACE_AROUND.sub(r"\1", _SPACE.sub(" ", src)).strip()
-
-
-def digest(src: str) -> str:
-    return hashlib.sha256(normalize(src).encode()).hexdigest()[:20]
-
 
 def jobs(picks=None):
     """(key, spec, config, arch) for every kernel to snapshot, in a fixed order;

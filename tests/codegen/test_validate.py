@@ -1,12 +1,10 @@
 """Spec validation (codegen/validate.py): generated valid / broken specs,
-specific messages, sizes fixed on the command line, the CLI."""
+specific messages, sizes fixed on the command line (`opgen check`, `list`
+and `build`: tests/package/test_cli_specs.py, test_cli_build.py)."""
 from __future__ import annotations
 
 import copy
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -16,9 +14,8 @@ from hypothesis import strategies as st
 from opgen.codegen import spec as S
 from opgen.codegen.canonical import spec_to_yaml_dict
 from opgen.codegen.errors import SpecError, SpecErrors, UserError
-from opgen.codegen.resolve import load_spec, shipped_specs
+from opgen.codegen.resolve import load_spec
 from opgen.codegen.validate import FLOAT_WEIGHT_DTYPES, spec_from_dict, specialize_shape
-from opgen.cli import COMMANDS, main
 from strategies import valid_spec_dicts
 
 ERR_LINE = re.compile(r"^.+:\d+: [a-z_.0-9]+: .+$")
@@ -363,95 +360,3 @@ def test_specialize_shape():
     assert specialize_shape(fixed).K == 256
     with pytest.raises(UserError, match="conflicts"):
         specialize_shape(fixed, K=512)
-
-
-# --- CLI -----------------------------------------------------------------------------------
-
-BROKEN = """\
-opgen: 1
-name: broken
-op: matmul
-a: {dtype: float16}
-b:
-  dtype: uint4
-  pack: {container: int32, axis: q}
-  scale: {dtype: float16, group: abc}
-accumulate: int32
-"""
-
-
-def test_cli_check_ok(capsys, tmp_path):
-    assert main(["check", "gptq_v1_w4a16_g128"]) == 0
-    assert capsys.readouterr().out.strip() == "gptq_v1_w4a16_g128: ok (gptq_v1_w4a16_g128)"
-    f = tmp_path / "mine.yaml"
-    f.write_text(yaml.safe_dump(_gptq()))
-    assert main(["check", str(f)]) == 0
-    assert capsys.readouterr().out.strip() == f"{f}: ok (gptq_v1_w4a16_g128)"
-
-
-def test_cli_check_broken(capsys, tmp_path):
-    f = tmp_path / "broken.yaml"
-    f.write_text(BROKEN)
-    assert main(["check", str(f)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 3
-    for line in err:
-        assert ERR_LINE.match(line) and line.startswith(f"{f}:"), line
-    assert any(":7: b.pack.axis:" in x for x in err)
-    assert any(":8: b.scale.group:" in x for x in err)
-    assert any(":9: accumulate:" in x for x in err)
-
-
-def test_cli_subprocess_no_traceback(tmp_path):
-    f = tmp_path / "broken.yaml"
-    f.write_text(BROKEN)
-    m = tmp_path / "malformed.yaml"
-    m.write_text("opgen: 1\nname: x\nb: {dtype: [uint4\n")
-    r = subprocess.run([sys.executable, "-m", "opgen", "check", str(f), str(m)],
-                       capture_output=True, text=True)
-    assert r.returncode == 2
-    assert "Traceback" not in r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert all(ERR_LINE.match(x) for x in lines), r.stderr
-    assert any(x.startswith(f"{m}:") and ": yaml: " in x for x in lines)
-    assert re.search(rf"^{re.escape(str(m))}:[34]: yaml: malformed YAML", r.stderr, re.M)
-
-
-def test_cli_unknown_spec(capsys):
-    assert main(["check", "nope_not_a_spec"]) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and "fp16" in err and "shipped" in err
-
-
-def test_cli_list(capsys):
-    assert main(["list"]) == 0
-    out = capsys.readouterr().out
-    for name in shipped_specs():
-        assert re.search(rf"^{name}\s+\S", out, re.M), name
-
-
-def test_cli_build_calls_build_spec(capsys, monkeypatch, tmp_path):
-    calls = []
-
-    def build_spec(spec, out_dir, arch, M=None, N=None, K=None):
-        calls.append((spec.name, Path(out_dir), arch, M, N, K))
-        return [Path(out_dir) / "a.cu", Path(out_dir) / "a.h"]
-
-    monkeypatch.setattr("opgen.cli.build.build_spec", build_spec)
-    rc = main(["build", "awq_w4a16_g128", "-o", str(tmp_path), "--arch", "sm_90",
-               "--K", "4096", "--N", "8192"])
-    assert rc == 0
-    assert calls == [("awq_w4a16_g128", tmp_path, "sm_90", None, 8192, 4096)]
-    assert capsys.readouterr().out.split() == [str(tmp_path / "a.cu"), str(tmp_path / "a.h")]
-    # sizes that do not fit the spec: one line, exit 2
-    assert main(["build", "awq_w4a16_g128", "-o", str(tmp_path), "--K", "100"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("opgen: error: ")
-    assert len(calls) == 1
-
-
-def test_cli_table_has_commands():
-    assert {"check", "list", "build"} <= set(COMMANDS)
-    with pytest.raises(SystemExit) as ei:
-        main(["frobnicate"])
-    assert ei.value.code == 2

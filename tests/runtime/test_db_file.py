@@ -1,28 +1,37 @@
 """One tuning DB file on disk (runtime/db_file.py), driven through TuningDB:
-concurrent writers and lock-free readers, damaged and foreign files, the
+concurrent writers and lock-free readers, bad records, damaged and foreign
+files, temp files of killed writers, paths the filesystem refuses, the
 cached read."""
+import dataclasses
 import json
 import multiprocessing
+import os
+import signal
 import warnings
 
 import pytest
 
+from opgen.codegen import planner
 from opgen.codegen.buckets import LABELS
-from opgen.codegen.spec import Activation, Output, Scale, Spec, Weight
+from opgen.codegen.resolve import as_spec
 from opgen.runtime import db_file
+from opgen.runtime import tuning_db as tdb
 from opgen.runtime.tuning_db import TuningDB, TuningDBError, make_key, make_record
 
-SPEC = Spec(name="w4a16_test", op="matmul", a=Activation("float16"),
-            b=Weight("uint4", scale=Scale("float16", "group", 128)), out=Output("float16"))
+SPEC = dataclasses.replace(as_spec("w4a16_sym_g128"), name="w4a16_test")
+CFG = planner.heuristic(SPEC, "sm_90", 16, 1024, 2048)
 
 
-def key_for(spec=SPEC, N=1024, K=2048, version="0.1.0", device="NVIDIA H200"):
-    return make_key(spec, N, K, arch="sm_90", device=device, nvrtc="12.9", version=version)
+def key_for(spec=SPEC, N=1024, K=2048, device="NVIDIA H200"):
+    return make_key(spec, N, K, arch="sm_90", device=device)
 
 
-def rec(us=10.0, M=16, **cfg):
-    return make_record(cfg or {"bm": 16, "bn": 128}, us, M=M, runner_up_us=[us * 1.1],
-                       heuristic_us=us * 1.3, config_name="cfg")
+SOURCE_HASH = tdb.rendered_hash(key_for(), CFG.to_dict())
+
+
+def rec(us=10.0, M=16):
+    return make_record(CFG.to_dict(), us, M=M, runner_up_us=[us * 1.1], heuristic_us=us * 1.3,
+                       config_name=CFG.name, source_hash=SOURCE_HASH)
 
 
 @pytest.fixture
@@ -34,7 +43,7 @@ def _writer(path, tag, n, barrier):
     db = TuningDB(path, shipped=False)
     barrier.wait()
     for i in range(n):
-        db.put(key_for(N=64 * (i + 1), device=f"GPU {tag}"), LABELS[i % len(LABELS)], rec(float(i)))
+        db.put(key_for(N=64 * (i + 1), device=f"GPU {tag}"), LABELS[i % len(LABELS)], rec(float(i + 1)))
 
 
 def _reader(path, stop, errors):
@@ -89,22 +98,49 @@ def test_corrupted_file(path):
     assert TuningDB(path, shipped=False).lookup(key_for(), "1")["median_us"] == 10.0
 
 
-@pytest.mark.parametrize("doc", [
-    [1, 2],
-    {"format": "opgen-tuning-db", "version": 1, "records": []},
-    {"format": "opgen-tuning-db", "version": 1, "records": {"k": {"1": {"median_us": 1}}}},
-])
-def test_wrong_shape_is_corrupt(path, doc):
+def test_records_not_an_object_is_corrupt(path):
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps({"format": "opgen-tuning-db", "version": 1, "records": []}))
     with pytest.warns(RuntimeWarning, match="unreadable"):
         assert TuningDB(path, shipped=False).lookup(key_for(), "1") is None
+
+
+def test_bad_records_are_skipped_one_by_one(path):
+    """One bad record costs that record only: the others are served, and the
+    next write keeps them all (the file as it was is copied aside)."""
+    good = {str(key_for(N=64 * i)): {"1": rec(float(i))} for i in range(1, 21)}
+    bad = {str(key_for(N=8)): {"1": {"median_us": 1.0},               # no config
+                               "3": rec(),                             # no such bucket
+                               "2-4": dict(rec(), median_us="fast"),
+                               "5-8": dict(rec(), median_us=float("nan"))},
+           str(key_for(N=16)): ["not", "an", "object"]}
+    path.parent.mkdir(parents=True)
+    doc = {"format": "opgen-tuning-db", "version": 1, "records": {**good, **bad}}
+    path.write_text(json.dumps(doc))
+    before = path.read_bytes()
+    db = TuningDB(path, shipped=False)
+    with pytest.warns(RuntimeWarning, match=r"5 bad record\(s\) skipped"):
+        assert db.lookup(key_for(N=64), "1")["median_us"] == 1.0
+    assert len(db.records()) == 20 and db.lookup(key_for(N=8), "1") is None
+    problems = db.problems()
+    assert len(problems) == 5 and all(str(path) in p and p.endswith("skipped") for p in problems)
+
+    with pytest.warns(RuntimeWarning, match=r"kept the 20 good one\(s\)"):
+        db.put(key_for(N=4096), "1", rec(99.0))
+    again = TuningDB(path, shipped=False, quiet=True)
+    assert len(again.records()) == 21 and not again.problems()
+    backups = list(path.parent.glob("tuning.json.corrupt-*"))
+    assert len(backups) == 1 and backups[0].read_bytes() == before
 
 
 @pytest.mark.parametrize("doc", [
     {"format": "opgen-tuning-db", "version": 2, "records": {}},
     {"format": "something-else", "version": 1},
     {"unrelated": "settings"},
+    [],
+    [1, 2],
+    "text",
+    3,
 ])
 def test_foreign_file_is_never_overwritten(path, doc):
     path.parent.mkdir(parents=True)
@@ -117,8 +153,93 @@ def test_foreign_file_is_never_overwritten(path, doc):
         db.put(key_for(), "1", rec())
     with pytest.raises(TuningDBError):
         db.prune(lambda *a: True)
+    with pytest.raises(TuningDBError):
+        TuningDB(path.parent / "other.json", shipped=False).export(path)
     assert path.read_bytes() == before
     assert not list(path.parent.glob("*.corrupt-*"))
+
+
+def _killed_writer(path):
+    """Put a record and die (SIGKILL) between the temp file and the replace."""
+    os.replace = lambda src, dst: os.kill(os.getpid(), signal.SIGKILL)
+    TuningDB(path, shipped=False).put(key_for(N=8), "1", rec())
+
+
+def test_temp_files_of_killed_writers_are_removed(path):
+    """kill -9 between the temp file and the replace leaves the temp file;
+    the next writer removes it under the lock (and only temp files of PATH)."""
+    db = TuningDB(path, shipped=False)
+    db.put(key_for(), "1", rec())
+    ctx = multiprocessing.get_context("fork")
+    for _ in range(3):
+        p = ctx.Process(target=_killed_writer, args=(path,))
+        p.start()
+        p.join(30)
+        assert p.exitcode == -signal.SIGKILL
+        # each killed writer removed the one before it left: one at a time
+        assert len(list(path.parent.glob("tuning.json.*.tmp"))) == 1
+    orphans = list(path.parent.glob("tuning.json.*.tmp")) + [
+        path.parent / "tuning.json.ab_12xyz.tmp", path.parent / "tuning.json.00000000.tmp"]
+    others = [path.parent / "tuning.json.notes.tmp", path.parent / "other.json.abcd1234.tmp",
+              path.parent / "tuning.json.corrupt-20260101T000000.000000"]
+    for p in orphans[1:] + others:
+        p.write_text("left behind")
+    assert len(TuningDB(path, shipped=False).records()) == 1      # the killed puts: nothing
+    db.put(key_for(), "2-4", rec())                               # the next write cleans up
+    assert not any(p.exists() for p in orphans)
+    assert all(p.exists() for p in others)
+    assert len(db.records()) == 2
+
+
+def test_filesystem_errors_are_one_line_naming_the_path(tmp_path):
+    """A path that is a directory, or under a file: reads warn and fall back,
+    writes raise TuningDBError (never a raw OSError), in one line."""
+    folder = tmp_path / "a_dir.json"
+    folder.mkdir()
+    under_file = tmp_path / "a_file" / "tuning.json"
+    under_file.parent.write_text("x")
+    for p, why in ((folder, "Is a directory"), (under_file, "is not a directory")):
+        db = TuningDB(p, shipped=False)
+        with pytest.warns(RuntimeWarning, match="cannot be read"):
+            assert db.lookup(key_for(), "1") is None
+        for write in (lambda: db.put(key_for(), "1", rec()), lambda: db.prune(lambda *a: True),
+                      lambda: TuningDB(tmp_path / "none.json", shipped=False).export(p)):
+            with pytest.raises(TuningDBError, match=why) as e:
+                write()
+            assert str(p) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
+def test_read_only_paths(tmp_path):
+    ro_dir = tmp_path / "ro"
+    ro_dir.mkdir()
+    ro_file = tmp_path / "rw" / "tuning.json"
+    TuningDB(ro_file, shipped=False).put(key_for(), "1", rec())
+    ro_file.chmod(0o444)
+    ro_dir.chmod(0o555)
+    try:
+        for p in (ro_dir / "tuning.json", ro_file):
+            with pytest.raises(TuningDBError, match=r"cannot write the tuning DB .*(denied|read-only)"):
+                TuningDB(p, shipped=False).put(key_for(), "2-4", rec())
+        assert TuningDB(ro_file, shipped=False).lookup(key_for(), "1") is not None
+    finally:
+        ro_dir.chmod(0o755)
+
+
+def test_permission_denied_is_one_line(path, monkeypatch):
+    """What a read-only folder does to a writer (simulated: root, which runs
+    these tests in CI, ignores permissions)."""
+    real_open = os.open
+
+    def deny_lock(p, *a, **k):
+        if str(p).endswith(".lock"):
+            raise PermissionError(13, "Permission denied", str(p))
+        return real_open(p, *a, **k)
+    monkeypatch.setattr(os, "open", deny_lock)
+    with pytest.raises(TuningDBError) as e:
+        TuningDB(path, shipped=False).put(key_for(), "1", rec())
+    assert str(e.value) == (f"cannot write the tuning DB {path}: Permission denied "
+                            f"({path}.lock)")
 
 
 def test_lookups_use_the_cache_until_the_file_changes(path, monkeypatch):

@@ -1,11 +1,22 @@
-"""The user-facing ops on the CPU (runtime/op.py): what needs no GPU.  On
-the GPU: test_op_gpu.py."""
+"""The user-facing ops (runtime/op.py). On the CPU: what needs no GPU. On
+the GPU (gpu mark): opgen.load(...) with CuPy arrays (and torch tensors when
+torch is there), dispatch per M bucket, argument checking, and the
+op-quantize kernel against the reference (bit-exact codes)."""
+import numpy as np
 import pytest
 
 import opgen
+from opgen.codegen.compiler import CompileError
+from opgen.codegen.errors import UserError
+from opgen.codegen.random_data import random_activation, random_weight_tensors
+from opgen.codegen.reference import quantize_activation, reference_matmul_f32
 from opgen.codegen.resolve import as_spec
+from opgen.codegen.tolerance import tolerance
+from opgen.runtime.arrays import ACCEPT
 from opgen.runtime.device import NoGPUError, has_gpu
-from opgen.runtime.op import quantize_spec
+from opgen.runtime.op import load_linear, quantize_spec
+from opgen.runtime.tuning_db import make_key
+from opgen.runtime.tiled import out_to_f32
 
 
 def test_load_without_gpu_says_so():
@@ -20,3 +31,142 @@ def test_the_fused_linear_quantizes_to_the_spec_activation():
     assert q.op == "quantize" and q.a.dtype == "float16" and q.out.dtype == "int8"
     assert q.name == "quantize_int8_float16"
     assert quantize_spec(as_spec("fp8_e4m3_w8a8"), "bfloat16").name == "quantize_float8_e4m3_bfloat16"
+
+
+# --- on the GPU ----------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["quantize_int8_row", "quantize_fp8_row"])
+def test_quantize_op_matches_reference(name):
+    import cupy as cp
+    spec = as_spec(name)
+    rng = np.random.default_rng(7)
+    M, K = 37, 4096 + 8
+    x = (rng.standard_normal((M, K)) * rng.uniform(0.1, 10, (M, 1))).astype(np.float16)
+    x[3] = 0                                    # a zero row: scale 1, codes 0
+    op = opgen.load(spec, K=K)
+    codes, scale = op(cp.asarray(x))
+    ref_codes, ref_scale = quantize_activation(spec, x)
+    np.testing.assert_array_equal(scale.get(), ref_scale)
+    got = codes.get().view(np.uint8)
+    assert (got == ref_codes.view(np.uint8)).mean() == 1.0
+
+
+@pytest.mark.gpu
+def test_dispatch_and_errors():
+    import cupy as cp
+    spec = as_spec("gptq_v2_w4a16_g128")
+    N, K = 1024, 2048
+    rng = np.random.default_rng(3)
+    w = random_weight_tensors(spec, N, K, rng)
+    dev = {k: cp.asarray(v) for k, v in w.items()}
+    op = opgen.load(spec, N=N, K=K, use_db=False)
+    for M in (1, 7, 64, 300):
+        a, _ = random_activation(spec, M, K, rng)
+        out = op(cp.asarray(a), dev["qweight"], dev["scales"], dev["zeros"])
+        ref = reference_matmul_f32(spec, a, w)
+        err = np.linalg.norm(out.get().astype(np.float64) - ref) / np.linalg.norm(ref)
+        assert err <= tolerance(spec), (M, op.config_for(M).name, err)
+    assert op.config_for(1).family == "gemv" and op.config_for(300).family == "gemm"
+    a = cp.asarray(random_activation(spec, 4, K, rng)[0])
+    with pytest.raises(ValueError, match="qweight: shape"):
+        op(a, dev["qweight"][:-8], dev["scales"], dev["zeros"])
+    with pytest.raises(ValueError, match="scales: dtype"):
+        op(a, dev["qweight"], dev["scales"].astype(cp.float32), dev["zeros"])
+    with pytest.raises(ValueError, match="zeros: required"):
+        op(a, dev["qweight"], dev["scales"])
+    with pytest.raises(ValueError, match="a: shape"):
+        op(a[:, :-32], dev["qweight"], dev["scales"], dev["zeros"])
+    with pytest.raises(ValueError, match="a_scale: spec gptq_v2_w4a16_g128 has float16 activations"):
+        op(a, dev["qweight"], dev["scales"], dev["zeros"], a_scale=cp.ones(4, cp.float32))
+
+
+@pytest.mark.gpu
+def test_torch_tensors_in_and_out():
+    torch = pytest.importorskip("torch")
+    spec = as_spec("w4a16_sym_g128")
+    N, K = 512, 1024
+    rng = np.random.default_rng(5)
+    w = random_weight_tensors(spec, N, K, rng)
+    a, _ = random_activation(spec, 16, K, rng)
+    op = opgen.load(spec, N=N, K=K, use_db=False)
+    out = op(torch.from_numpy(a).cuda(), torch.from_numpy(w["qweight"]).cuda(),
+             torch.from_numpy(w["scales"]).cuda())
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float16
+    ref = reference_matmul_f32(spec, a, w)
+    err = np.linalg.norm(out.cpu().numpy().astype(np.float64) - ref) / np.linalg.norm(ref)
+    assert err <= tolerance(spec)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["w8a8_int8", "fp8_e4m3_w8a8"])
+@pytest.mark.parametrize("M", [1, 16, 100, 256])
+def test_fused_w8a8_linear(name, M):
+    """quantize(x) -> int8/fp8 GEMM with both scales fused == the reference
+    pipeline (reference quantize, then the reference matmul)."""
+    import cupy as cp
+    spec = as_spec(name)
+    N, K = 2048, 4096
+    rng = np.random.default_rng(M)
+    w = random_weight_tensors(spec, N, K, rng)
+    x = rng.standard_normal((M, K)).astype(np.float16)
+    op = load_linear(spec, N=N, K=K, use_db=False)
+    out = op(cp.asarray(x), *[cp.asarray(w[k]) for k in ("qweight", "scales")])
+    codes, a_scale = quantize_activation(spec, x)
+    ref = reference_matmul_f32(spec, codes, w, a_scale=a_scale)
+    got = out_to_f32(spec, out.get())
+    err = np.linalg.norm(got.astype(np.float64) - ref) / np.linalg.norm(ref)
+    assert err <= tolerance(spec), err
+
+
+# --- what needs no GPU: argument checks before anything runs -------------------------------
+
+def test_an_unknown_arch_is_refused_with_the_known_ones():
+    with pytest.raises(UserError, match="unknown arch 'banana'.*sm_90"):
+        opgen.load("w4a16_sym_g128", N=4096, K=4096, arch="banana")
+    with pytest.raises(UserError, match="unknown arch"):
+        opgen.load("quantize_int8_row", K=4096, arch="banana")
+
+
+@pytest.mark.parametrize("K", [0, -8, 12])
+def test_quantize_op_needs_a_positive_multiple_of_8(K):
+    with pytest.raises(UserError, match=f"K={K} must be a positive multiple of 8"):
+        opgen.load("quantize_int8_row", K=K, arch="sm_90")
+
+
+def test_config_for_needs_no_gpu_and_loading_a_kernel_says_no_gpu():
+    op = opgen.load("w4a16_sym_g128", N=4096, K=4096, arch="sm_90")
+    assert op.config_for(16).name and op.sources["9-16"] in ("db", "heuristic")
+    if has_gpu():
+        pytest.skip("a GPU is present")
+    with pytest.raises(NoGPUError):
+        op.kernel_for(16)
+
+
+def test_fp8_weights_are_checked_as_fp8():
+    """An fp8 qweight may come as float8_e4m3fn (torch) or as its uint8 bits."""
+    op = opgen.load("fp8_e4m3_w8a16", N=4096, K=4096, arch="sm_90")
+    assert op._dtypes["qweight"] == "float8_e4m3"
+    assert {"float8_e4m3fn", "uint8"} <= set(ACCEPT[op._dtypes["qweight"]])
+
+
+def test_a_tuned_config_that_does_not_compile_falls_back_to_the_heuristic(monkeypatch):
+    # the shipped H200 record of this shape, looked up as on an H200
+    monkeypatch.setattr("opgen.runtime.op.make_key",
+                        lambda spec, N, K, arch: make_key(spec, N, K, arch=arch, device="NVIDIA H200"))
+    op = opgen.load("w4a16_sym_g128", N=8192, K=8192, arch="sm_90")
+    tuned = op.choose("9-16")
+    assert op.sources["9-16"] == "db"
+    heur = op.choose("9-16", from_db=False)
+    assert heur != tuned
+    made = []
+
+    def fake_kernel(spec, cfg, arch):
+        if cfg == tuned:
+            raise CompileError("NVRTC failed for it (sm_90):\nerror: something new")
+        made.append(cfg)
+        return cfg
+    monkeypatch.setattr("opgen.runtime.op.Kernel", fake_kernel)
+    with pytest.warns(UserWarning, match="does not compile here"):
+        assert op.kernel_for(16) == heur
+    assert made == [heur]

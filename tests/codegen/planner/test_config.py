@@ -31,3 +31,11 @@ def test_nn_weights_need_16_byte_rows():
         planner.check_shape(spec("awq_w4a16_g128"), 24, 1024)
     planner.check_shape(spec("awq_w4a16_g128"), 544, 1024)
     planner.check_shape(spec("gptq_v2_w4a16_g128"), 24, 1024)   # [K / 8, N] int32: 96-byte rows
+
+
+def test_alignment_rule_is_stated():
+    s = spec("gptq_v2_w4a16_g128")
+    with pytest.raises(planner.PlanError, match="multiple of 32"):
+        planner.candidates(s, "sm_90", 1, 4096, 4100)
+    with pytest.raises(planner.PlanError, match="multiple of 8"):
+        planner.candidates(s, "sm_90", 1, 4100, 4096)

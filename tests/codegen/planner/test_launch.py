@@ -14,9 +14,6 @@ def test_grid_rule_value_and_text():
     assert rule.text() == "[ceil(N/256), ceil(M/128) rounded up to a multiple of 2, 1]"
     split = planner.GridRule(planner.Axis("N", 128), planner.Axis("M", 16), planner.Axis("", 4))
     assert split(17, 4096) == (32, 2, 4) and split.text() == "[ceil(N/128), ceil(M/16), 4]"
-    # op quantize: one block per row
-    q = planner.quantize_plan("sm_90")
-    assert q.grid(7, 0) == (7, 1, 1) and q.grid.text() == "[M, 1, 1]" and q.kind == "quantize"
 
 
 def test_plans_state_each_family_grid():

@@ -1,8 +1,8 @@
-"""planner/tiles.py and the lowering it stands on: weight vectors (the
-units decoded tiles are built of)."""
+"""planner/tiles.py: the decoded weight tile, built of weight vectors
+(codegen/lower.py: tests/codegen/test_lower.py)."""
 import pytest
 
-from opgen.codegen.lower import numerics, vector, weight_layout
+from opgen.codegen.lower import numerics, weight_layout
 from opgen.codegen.planner import tiles
 from opgen.codegen.resolve import load_spec, shipped_specs
 
@@ -11,23 +11,6 @@ MATMUL = [n for n, p in sorted(shipped_specs().items()) if load_spec(p).op == "m
 
 def spec(name):
     return load_spec(shipped_specs()[name])
-
-
-@pytest.mark.parametrize("name", MATMUL)
-def test_vector_covers_each_element_once(name):
-    """Every code slot of a weight vector lands on a distinct element, and the
-    elements fill the vector's logical extent."""
-    s = spec(name)
-    lay = weight_layout(s)
-    for vb in (4, 8, 16):
-        if vb % lay.elem_bytes:
-            continue
-        for byte_pairs in ((False, True) if lay.bits == 4 else (False,)):
-            v = vector(lay, vb, byte_pairs)
-            seen = sorted([p.ia for p in v.pairs] + [p.ib for p in v.pairs])
-            assert seen == list(range(v.nrows * v.ncols))
-            cells = set(zip(v.dn, v.dk))
-            assert len(cells) == v.nrows * v.ncols == v.n_extent * v.k_extent
 
 
 @pytest.mark.parametrize("name", MATMUL)

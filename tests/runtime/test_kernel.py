@@ -1,8 +1,10 @@
-"""Every shipped matmul spec, both kernel families, several configurations:
-GPU output vs the numpy reference on fresh random data, output poisoned first
-(runtime.workbench.full_check), held to the one tolerance policy
-(codegen/tolerance.py: ||out - ref|| / ||ref|| against the fp32 reference,
-from the dtypes the kernel rounds through).
+"""Compiled kernels loaded and launched (runtime/kernel.py). On the CPU: the
+launch's argument values in the declared order (codegen/kernel_args.py).
+On the GPU (gpu mark): every shipped matmul spec, every kernel family,
+several configurations: GPU output vs the numpy reference on fresh random
+data, output poisoned first (runtime.workbench.full_check), held to the one
+tolerance policy (codegen/tolerance.py: ||out - ref|| / ||ref|| against the
+fp32 reference, from the dtypes the kernel rounds through).
 """
 import functools
 import os
@@ -14,18 +16,17 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from opgen.codegen import hw, planner
 from opgen.codegen.compiler import compile_many
+from opgen.codegen.kernel_args import ARGUMENTS, TMA_ARGUMENTS
 from opgen.codegen.lower import numerics, weight_layout
 from opgen.codegen.random_data import random_weight_tensors
 from opgen.codegen.reference import dequantize
 from opgen.codegen.tolerance import tolerance
 from opgen.codegen.resolve import load_spec, shipped_specs
 from opgen.codegen.validate import spec_from_dict
-from opgen.runtime import workbench
+from opgen.runtime import kernel, workbench
 from opgen.runtime.device import current_arch
 from opgen.runtime.kernel import Kernel
 from strategies import runnable_shape, valid_spec_dicts
-
-pytestmark = pytest.mark.gpu
 
 MATMUL_SPECS = sorted(n for n, p in shipped_specs().items() if load_spec(p).op == "matmul")
 
@@ -78,9 +79,16 @@ def shapes_for(M):
     return [(4096, 4096), (11008, 4096), (4096, 11008)][: (3 if M <= 3 and not SQUARE_ONLY else 1)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def precompiled():
-    """Compile every kernel this module launches on all cores up front."""
+@pytest.fixture(autouse=True)
+def precompiled(request):
+    """Before the first GPU test: every kernel this module launches,
+    compiled on all cores up front."""
+    if request.node.get_closest_marker("gpu"):
+        _precompile()
+
+
+@functools.lru_cache(maxsize=1)
+def _precompile():
     arch = current_arch()
     jobs = {(load_spec(shipped_specs()[n]), cfg, arch)
             for n in MATMUL_SPECS for M in MS for (N, K) in shapes_for(M)
@@ -89,6 +97,27 @@ def precompiled():
         pass
 
 
+# --- on the CPU ----------------------------------------------------------------------------
+
+def test_launch_values_follow_the_declared_arguments():
+    """The launcher passes the kernels' arguments in the declared order: ints
+    as ints, pointers as pointers (absent or None: null), tensor maps as they
+    are."""
+    ptr, num = (lambda v: ("ptr", v)), (lambda v: ("int", v))
+    values = dict(a=11, b=12, s=13, z=None, out=14, ws=15, counters=16, M=1, N=2, K=3)
+    assert kernel._values(ARGUMENTS, values, ptr, num) == [
+        ("ptr", 11), ("ptr", 0), ("ptr", 12), ("ptr", 13), ("ptr", 0), ("ptr", 0), ("ptr", 14),
+        ("ptr", 15), ("ptr", 16), ("int", 1), ("int", 2), ("int", 3)]
+    maps = dict(tmA=object(), tmB=object())
+    got = kernel._values(TMA_ARGUMENTS, dict(values, **maps), ptr, num)
+    assert got[:2] == [maps["tmA"], maps["tmB"]]
+    assert got[2:] == [("ptr", 0), ("ptr", 13), ("ptr", 0), ("ptr", 0), ("ptr", 14), ("ptr", 15),
+                       ("ptr", 16), ("int", 1), ("int", 2), ("int", 3)]
+
+
+# --- on the GPU ----------------------------------------------------------------------------
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", MATMUL_SPECS)
 @pytest.mark.parametrize("M", MS)
 def test_spec_matches_reference(name, M, record):
@@ -99,6 +128,7 @@ def test_spec_matches_reference(name, M, record):
             run_check(spec, cfg, M, N, K, seed=1000 * M + i, record=record)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", MATMUL_SPECS)
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
@@ -119,6 +149,7 @@ def test_odd_shapes(name, data, record):
     run_check(spec, cfg, M, N, K, seed=data.draw(st.integers(0, 2**31)), record=record)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 16, 200])
 def test_fp8_activation_fallback(M, monkeypatch, record):
     """The path sm_80/86 take for fp8 activations (widened to fp16 in shared
@@ -131,6 +162,7 @@ def test_fp8_activation_fallback(M, monkeypatch, record):
     run_check(spec, cfg, M, 4096, 4096, seed=M, record=record)
 
 
+@pytest.mark.gpu
 @settings(max_examples=int(os.environ.get("OPGEN_GPU_SPECS", "40")), deadline=None,
           suppress_health_check=list(HealthCheck))
 @given(d=valid_spec_dicts(), M=st.sampled_from([1, 5, 16, 70]), data=st.data())
@@ -144,7 +176,7 @@ def test_generated_specs_match_reference(d, M, data, record):
     try:
         cands = planner.candidates(spec, current_arch(), M, N, K)
     except planner.PlanError:
-        return   # refused with its reason (tests/runtime/test_compiler.py)
+        return   # refused with its reason (tests/codegen/test_compiler.py)
     cfg = data.draw(st.sampled_from(cands), label="config")
     run_check(spec, cfg, M, N, K, seed=data.draw(st.integers(0, 2**31)), record=record)
 
@@ -160,6 +192,7 @@ def check_all(spec, cfgs, M, N, K, record):
         run_check(spec, cfg, M, N, K, seed=i, record=record)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", WGMMA_SPECS)
 @pytest.mark.parametrize("M,N,K", [(70, 264, 1152), (200, 4096, 4096)])
 def test_wgmma_matches_reference(name, M, N, K, record):
@@ -190,6 +223,7 @@ TMA_CASES = ([(n, 70, 264, 1152) for n in TMA_SPECS]
              + [(n, 300, 1032, 2080 if _dense(n) else 2176) for n in TMA_SPECS])
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name,M,N,K", TMA_CASES)
 def test_tma_matches_reference(name, M, N, K, record):
     """Every tma config (tile, ring depth, cluster; for GPTQ the predecode
@@ -207,6 +241,7 @@ RS_SPECS = [n for n in MATMUL_SPECS
             if any(c.rs for c in planner.candidates(load_spec(shipped_specs()[n]), "sm_90", 70, 1024, 1024))]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", RS_SPECS)
 @pytest.mark.parametrize("M,N,K", [(13, 264, 1152), (70, 264, 1152), (300, 1032, 2176)])
 def test_rs_matches_reference(name, M, N, K, record):
@@ -223,6 +258,7 @@ def test_rs_matches_reference(name, M, N, K, record):
     check_all(spec, cfgs, M, N, K, record)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["gptq_v2_w4a16_g128", "w4a16_sym_g128", "bnb_nf4", "w8a8_int8"])
 @pytest.mark.parametrize("M", [1, 5, 70])
 def test_every_candidate(name, M, record):
@@ -245,6 +281,7 @@ def _gemv_specs(row_axis):
     return out
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", _gemv_specs("n"))
 @pytest.mark.parametrize("M", [1, 3, 7, 12])
 def test_every_row_gemv(name, M, record):
@@ -258,6 +295,7 @@ def test_every_row_gemv(name, M, record):
     check_all(spec, cfgs, M, N, K, record)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", _gemv_specs("k"))
 @pytest.mark.parametrize("M", [1, 3, 7])
 def test_every_column_gemv(name, M, record):
@@ -274,6 +312,7 @@ PREDECODE_SPECS = [n for n in MATMUL_SPECS
                                                                   "sm_90", 1024, 4096, 4096))]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", PREDECODE_SPECS)
 @pytest.mark.parametrize("M,N,K", [(260, 288, 1152), (1024, 4096, 4096)])
 def test_predecode_matches_reference(name, M, N, K, record):

@@ -1,0 +1,78 @@
+"""`opgen build` (opgen/cli/build.py): what it hands codegen.build_spec, the
+sizes that do not fit the spec, the arches it offers, and the warning for a
+kernel ptxas gave local memory."""
+import json
+from pathlib import Path
+
+import pytest
+
+from opgen.cli import build as cli_build
+from opgen.cli import main
+from opgen.codegen import hw
+
+
+def test_cli_build_calls_build_spec(capsys, monkeypatch, tmp_path):
+    calls = []
+
+    def build_spec(spec, out_dir, arch, M=None, N=None, K=None):
+        calls.append((spec.name, Path(out_dir), arch, M, N, K))
+        return [Path(out_dir) / "a.cu", Path(out_dir) / "a.h"]
+
+    monkeypatch.setattr("opgen.cli.build.build_spec", build_spec)
+    rc = main(["build", "awq_w4a16_g128", "-o", str(tmp_path), "--arch", "sm_90",
+               "--K", "4096", "--N", "8192"])
+    assert rc == 0
+    assert calls == [("awq_w4a16_g128", tmp_path, "sm_90", None, 8192, 4096)]
+    assert capsys.readouterr().out.split() == [str(tmp_path / "a.cu"), str(tmp_path / "a.h")]
+    # sizes that do not fit the spec: one line, exit 2
+    assert main(["build", "awq_w4a16_g128", "-o", str(tmp_path), "--K", "100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("opgen: error: ")
+    assert len(calls) == 1
+
+
+def test_cli_build_offers_the_known_arches(monkeypatch, tmp_path):
+    monkeypatch.setattr("opgen.cli.build.build_spec", lambda *a, **k: [])
+    for arch in hw.ARCHS:
+        assert main(["build", "w8a8_int8", "-o", str(tmp_path), "--arch", arch]) == 0
+    with pytest.raises(SystemExit) as ei:
+        main(["build", "w8a8_int8", "-o", str(tmp_path), "--arch", "sm_75"])
+    assert ei.value.code == 2
+
+
+def _plan(tmp_path, kernels):
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps({"kernels": kernels}))
+    return p
+
+
+def test_spill_warnings(tmp_path):
+    """One line per launch ptxas gave spills or a stack frame, predecode's
+    first stage included; none for clean kernels or without a plan."""
+    clean = {"spill_bytes": 0, "stack": 0, "registers": 90}
+    plan = _plan(tmp_path, {
+        "gemv_a": {"entry": "k_a", "ptxas": clean},
+        "gemm_b": {"entry": "k_b", "ptxas": {"spill_bytes": 24, "stack": 32},
+                   "before": [{"entry": "k_b_dequant", "ptxas": {"spill_bytes": 0, "stack": 8}}]}})
+    lines = cli_build.spill_warnings(plan)
+    assert sorted(lines) == [
+        "k_b: ptxas spills 24 bytes (stack frame 32 bytes); see plan.json",
+        "k_b_dequant: ptxas spills 0 bytes (stack frame 8 bytes); see plan.json"]
+    assert cli_build.spill_warnings(_plan(tmp_path, {"gemv_a": {"entry": "k_a", "ptxas": clean}})) == []
+    assert cli_build.spill_warnings(None) == []
+    assert cli_build.spill_warnings(tmp_path / "missing.json") == []
+
+
+def test_cli_build_warns_of_spills(capsys, monkeypatch, tmp_path):
+    """The paths on stdout, the spill warnings of the plan it wrote on stderr;
+    the build still succeeds."""
+    def build_spec(spec, out_dir, arch, M=None, N=None, K=None):
+        plan = _plan(Path(out_dir), {"g": {"entry": "k_g", "ptxas": {"spill_bytes": 4, "stack": 0}}})
+        return [Path(out_dir) / "g.cu", plan]
+
+    monkeypatch.setattr("opgen.cli.build.build_spec", build_spec)
+    assert main(["build", "w8a8_int8", "-o", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.split() == [str(tmp_path / "g.cu"), str(tmp_path / "plan.json")]
+    assert err.strip() == ("opgen: warning: k_g: ptxas spills 4 bytes (stack frame 0 bytes); "
+                           "see plan.json")
