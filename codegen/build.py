@@ -16,6 +16,7 @@ from .buckets import BUCKETS, representative_M
 from .compiler import compile_config, compile_kernel, nvrtc_version
 from .errors import UserError
 from .kernel_args import ARGUMENTS, TMA_ARGUMENTS
+from .planner.config import QUANTIZE_K_ALIGN, shape_problems
 from .spec import Spec
 
 # Where the plan is made for N or K left "any": the kernels take N and K at
@@ -38,16 +39,20 @@ def _tma_launch(boxes: planner.TmaBoxes) -> dict:
 
 def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
                N: Optional[int] = None, K: Optional[int] = None) -> List[Path]:
+    given = {"N": spec.shape.N if N is None else N, "K": spec.shape.K if K is None else K}
+    if spec.op != "quantize":
+        N, K = (DEFAULT_NK if given[d] is None else given[d] for d in ("N", "K"))
+    problems = shape_problems(spec, N=N, K=K, M=M)
+    if problems:
+        # A size the user never gave is named as build's default, with the way to set it.
+        raise UserError(f"{spec.name}: " + "; ".join(
+            p + (f" ({dim}={DEFAULT_NK} is the default: the spec leaves shape.{dim} any; give "
+                 f"--{dim} or fix shape.{dim})" if dim in given and given[dim] is None else "")
+            for dim, p in problems))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if spec.op == "quantize":
         return _build_quantize(spec, out, arch)
-    N = N or spec.shape.N or DEFAULT_NK
-    K = K or spec.shape.K or DEFAULT_NK
-    try:
-        planner.check_shape(spec, N, K)
-    except planner.PlanError as e:
-        raise UserError(f"{spec.name}: {e}") from None
     buckets = {str(M): M} if M else {label: representative_M(label) for _, _, label in BUCKETS}
     sms = hw.planned_device(arch).sms       # no GPU to ask: the device the arch is planned for
     kernels: Dict[str, dict] = {}
@@ -101,7 +106,7 @@ def _build_quantize(spec: Spec, out: Path, arch: str) -> List[Path]:
                 kernels={name: dict(entry=name, source=cu.name, cubin=cb.name,
                                     block=[c.plan.threads, 1, 1], grid=c.plan.grid.text(),
                                     ptxas=c.resources)},
-                alignment="K % 8 == 0",
+                alignment=f"K % {QUANTIZE_K_ALIGN} == 0",
                 arguments=[dict(name="x", type="const void*", doc="input [M, K]"),
                            dict(name="codes", type="void*", doc="codes [M, K] (out dtype)"),
                            dict(name="scale", type="float*", doc="per-row scales [M]"),

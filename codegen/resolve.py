@@ -19,16 +19,26 @@ from typing import Dict, Optional, Union
 from .errors import SpecError, SpecErrors
 from .spec import Spec
 from .validate import validate_data
-from .yaml_source import parse_yaml
+from .yaml_source import MAX_SPEC_BYTES, decode_spec, parse_yaml, too_large
 
 
 def _read_text(path: Path, display: str) -> str:
+    """The file's text; never reads more than the size limit (plus one byte to
+    know it was passed), whatever the file is."""
     try:
-        return path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
         raise SpecErrors([SpecError(display, 0, "spec", "no such file")])
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise SpecErrors([SpecError(display, 0, "spec", f"cannot read: {e}")])
+    if len(data) > MAX_SPEC_BYTES:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = None
+        raise too_large(display, size if size and size > MAX_SPEC_BYTES else None)
+    return decode_spec(data, display)
 
 
 def load_spec(path_or_text: Union[str, os.PathLike], filename: Optional[str] = None) -> Spec:

@@ -33,6 +33,12 @@ OPS = ("matmul", "quantize")
 
 CONTAINER_BITS = {"uint8": 8, "int32": 32}
 
+# The integers a float type holds exactly: |x| <= 2^(significand bits). The
+# kernels decode weights in the activation type, so a zero point and every
+# q - z must stay within its bound (validate.py) to be subtracted exactly.
+EXACT_INTS = {"float16": 2048, "bfloat16": 256}
+FINITE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}   # largest finite value
+
 
 @dataclass(frozen=True)
 class Pack:

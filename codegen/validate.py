@@ -5,76 +5,49 @@ Public API:
     validate_data(data, ctx) -> Spec                      same, lines from parse_yaml
     specialize_shape(spec, M=None, N=None, K=None) -> Shape   fix sizes, re-checked
 
-The checks are field readers (yaml_source.Reader and the readers below) plus
-consistency rules; every problem becomes one `SpecError` pointing at the
-line of the offending field (or of its nearest ancestor that exists in the
-file), and all of them are reported together.  Reading the YAML text is
-yaml_source.py's, finding a spec (file, shipped name) resolve.py's, writing
-one back canonical.py's.
+The checks are the fields' own (each read as the field table, fields.py,
+says) plus the rules between fields below, and the kernels' size and
+exactness rules for what a spec fixes (planner.shape_problems; zero points
+the decode subtracts exactly); every problem becomes one `SpecError`
+pointing at the line of the offending field (or of its nearest ancestor that
+exists in the file), and all of them are reported together.  Reading the
+YAML text is yaml_source.py's, finding a spec (file, shipped name)
+resolve.py's, writing one back canonical.py's.
 
 The language is documented in docs/spec.md.
 """
 from __future__ import annotations
 
-import math
-import re
-from typing import Optional
+import dataclasses
+from typing import List, Optional, Tuple
 
+from . import lower
 from .canonical import spec_to_yaml_dict
 from .errors import SpecErrors, UserError
+from .fields import (
+    CODEBOOK_BITS, CODEBOOK_KEYS, FORMAT_VERSION, OP_ACT_DTYPES, OP_OUT_DTYPES, QUANT_ACT_DTYPES,
+    QUANT_OUT_DTYPES, ZERO_KIND_DTYPES, ZERO_KIND_KEYS, ZERO_KIND_REQUIRES, FieldReader,
+    open_mapping,
+)
+from .planner.config import shape_problems
 from .spec import (
-    ACCUMULATE, ACT_DTYPES, ACTIVATIONS, AXES, CONTAINER_BITS, CONTAINERS,
-    FLOAT_ZERO_DTYPES, FORMULAS, INT_ZERO_DTYPES, LAYOUTS, OPS, OUT_DTYPES,
-    SCALE_DTYPES, SCALE_LAYOUTS, WEIGHT_CODES, WEIGHT_DTYPES, ZERO_KINDS,
+    CONTAINER_BITS, EXACT_INTS, FINITE_MAX, WEIGHT_CODES,
     Activation, Epilogue, Output, Pack, Scale, Shape, Spec, Weight, Zero,
 )
-from .yaml_source import (
-    BAD, Ctx, PathT, Reader, allowed_values, is_int, ok, show,
-)
+from .yaml_source import BAD, Ctx, PathT, allowed_values, is_int, ok, show
 
-FORMAT_VERSION = 1
-NAME_RE = re.compile(r"[a-z0-9_]+")
-QUANT_OUT_DTYPES = ("int8", "float8_e4m3")          # out.dtype of op quantize
-QUANT_ACT_DTYPES = ("float16", "bfloat16")          # a.dtype of op quantize
 # weight formats whose codes already are (signed) numbers: no zero point
 FLOAT_WEIGHT_DTYPES = ("float16", "bfloat16", "float8_e4m3", "float8_e5m2",
                        "nf4", "fp4_e2m1", "codebook", "ternary")
-SCALE_GROUP_WORDS = ("channel", "tensor")
-CODEBOOK_BITS = (1, 2, 3, 4)
-
-TOP_KEYS = ("opgen", "name", "description", "op", "shape", "a", "b",
-            "accumulate", "out", "epilogue")
-SHAPE_KEYS = ("M", "N", "K")
-A_KEYS = ("dtype", "scale")
-B_KEYS = ("dtype", "layout", "pack", "scale", "zero", "formula", "codebook", "bits")
-PACK_KEYS = ("container", "axis", "order")
-SCALE_KEYS = ("dtype", "group", "layout")
-ZERO_KEYS = ("kind", "dtype", "pack", "offset", "value")
-ZERO_KIND_KEYS = {"none": (), "const": ("value",), "float": ("dtype",),
-                  "int": ("dtype", "pack", "offset")}
-OUT_KEYS = ("dtype",)
-EPILOGUE_KEYS = ("bias", "activation")
-
-DEFAULT_FORMULA = FORMULAS[0]
-
-_MISSING = object()
 
 
 def _read_pack(ctx: Ctx, value, path: PathT):
     """-> dict(container, axis, order|None) or BAD. Order is checked later."""
-    r = Reader.mapping(ctx, value, path, PACK_KEYS, required=("container", "axis"))
+    r = open_mapping(ctx, value, path, "pack")
     if r is None:
         return BAD
-    container = r.choice("container", CONTAINERS, what="pack container")
-    axis = r.choice("axis", AXES, what="pack axis")
-    order = r.raw("order", None)
-    if "order" in r.m:
-        if not isinstance(order, list) or not all(is_int(x) for x in order):
-            ctx.err(r.p("order"), f"must be a list of integers; got {show(order)}")
-            order = BAD
-        else:
-            order = tuple(order)
-    if not r.has("container") or not r.has("axis") or not ok(container, axis, order):
+    container, axis, order = r.get("container"), r.get("axis"), r.get("order")
+    if not ok(container, axis, order):
         return BAD
     return {"container": container, "axis": axis, "order": order}
 
@@ -100,13 +73,11 @@ def _check_pack(ctx: Ctx, pk: dict, bits: int, path: PathT, what: str) -> Option
 
 
 def _read_scale(ctx: Ctx, value, path: PathT):
-    r = Reader.mapping(ctx, value, path, SCALE_KEYS, required=("dtype", "group"))
+    r = open_mapping(ctx, value, path, "scale")
     if r is None:
         return BAD
-    dtype = r.choice("dtype", SCALE_DTYPES, what="scale dtype")
-    group = r.pos_int_or_word("group", SCALE_GROUP_WORDS, what="scale group")
-    layout = r.choice("layout", SCALE_LAYOUTS, default="kn", what="scale layout")
-    if not r.has("dtype") or not r.has("group") or not ok(dtype, group, layout):
+    dtype, group, layout = r.get("dtype"), r.get("group"), r.get("layout")
+    if not ok(dtype, group, layout):
         return BAD
     if is_int(group):
         return Scale(dtype, "group", group, layout)
@@ -116,40 +87,37 @@ def _read_scale(ctx: Ctx, value, path: PathT):
 
 def _read_zero(ctx: Ctx, value, path: PathT):
     """-> dict(kind, dtype, pack(raw dict|None), offset, value) or BAD."""
-    r = Reader.mapping(ctx, value, path, ZERO_KEYS, required=("kind",))
+    r = open_mapping(ctx, value, path, "zero")
     if r is None or not r.has("kind"):
         return BAD
-    kind = r.choice("kind", ZERO_KINDS, what="zero kind")
+    kind = r.get("kind")
     if kind is BAD:
         return BAD
     bad = False
-    for k in ZERO_KEYS[1:]:
-        if r.has(k) and k not in ZERO_KIND_KEYS[kind]:
+    for k in r.table:
+        if k != "kind" and r.has(k) and k not in ZERO_KIND_KEYS[kind]:
             owners = [kk for kk, keys in ZERO_KIND_KEYS.items() if k in keys]
             ctx.err(r.p(k), f"does not apply to zero kind {kind} "
                             f"(only to kind {' / '.join(owners)})")
             bad = True
+    for k in ZERO_KIND_REQUIRES[kind]:
+        if not r.has(k):
+            allowed = allowed_values(ZERO_KIND_DTYPES[kind]) if k == "dtype" else \
+                f"(zero kind {kind} takes `{k}`)"
+            ctx.err(r.p(k), f"required field missing {allowed}")
+            bad = True
     out = {"kind": kind, "dtype": None, "pack": None, "offset": 0, "value": 0}
     if kind == "const":
-        if not r.has("value"):
-            ctx.err(r.p("value"), "required field missing (zero kind const takes `value`)")
-            bad = True
-        v = r.integer("value", 0)
+        v = r.get("value")
         bad |= v is BAD
         out["value"] = v
     elif kind == "float":
-        if not r.has("dtype"):
-            ctx.err(r.p("dtype"), f"required field missing {allowed_values(FLOAT_ZERO_DTYPES)}")
-            bad = True
-        d = r.choice("dtype", FLOAT_ZERO_DTYPES, what="float zero dtype")
+        d = r.choice("dtype", ZERO_KIND_DTYPES[kind], what="float zero dtype")
         bad |= d is BAD
         out["dtype"] = d
     elif kind == "int":
-        if not r.has("dtype"):
-            ctx.err(r.p("dtype"), f"required field missing {allowed_values(INT_ZERO_DTYPES)}")
-            bad = True
-        d = r.choice("dtype", INT_ZERO_DTYPES, what="int zero dtype")
-        off = r.integer("offset", 0)
+        d = r.choice("dtype", ZERO_KIND_DTYPES[kind], what="int zero dtype")
+        off = r.get("offset")
         pk = _read_pack(ctx, r.raw("pack"), r.p("pack")) if r.has("pack") else None
         bad |= not ok(d, off, pk)
         out.update(dtype=d, offset=off, pack=pk)
@@ -171,43 +139,22 @@ def _read_zero(ctx: Ctx, value, path: PathT):
     return BAD if bad else out
 
 
-def _read_formula(r: Reader):
-    if not r.has("formula"):
-        return DEFAULT_FORMULA
-    v = r.raw("formula")
-    if isinstance(v, str):
-        squeezed = "".join(v.split())
-        for f in FORMULAS:
-            if "".join(f.split()) == squeezed:
-                return f
-    r.ctx.err(r.p("formula"), f"{show(v)} is not a supported formula "
-                              f"(allowed: {', '.join(repr(f) for f in FORMULAS)})")
-    return BAD
-
-
-def _read_codebook(r: Reader, dtype):
+def _read_codebook(r: FieldReader, dtype):
     """-> (bits, codebook tuple) for dtype codebook, (None, None) otherwise, BAD parts."""
     ctx = r.ctx
     if dtype != "codebook":
         if dtype is not BAD:
-            for k in ("codebook", "bits"):
+            for k in CODEBOOK_KEYS:
                 if r.has(k):
                     ctx.err(r.p(k), f"only applies to dtype codebook (b.dtype is {dtype})")
         return None, None
     if not r.has("bits"):
         ctx.err(r.p("bits"), f"required for dtype codebook {allowed_values(CODEBOOK_BITS)}")
-    bits = r.integer("bits", BAD, lo=CODEBOOK_BITS[0], hi=CODEBOOK_BITS[-1])
-    cb = r.raw("codebook", None)
+    bits = r.get("bits", BAD)
+    cb = r.get("codebook", BAD)
     if not r.has("codebook"):
         ctx.err(r.p("codebook"), "required for dtype codebook (a list of 2**bits numbers)")
-        cb = BAD
-    elif not isinstance(cb, list) or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-            for x in cb):
-        ctx.err(r.p("codebook"), f"must be a list of finite numbers; got {show(cb)}")
-        cb = BAD
-    else:
-        cb = tuple(float(x) for x in cb)
+    elif cb is not BAD:
         if bits is not BAD and len(cb) != 1 << bits:
             ctx.err(r.p("codebook"), f"has {len(cb)} entries; a {bits}-bit codebook needs "
                                      f"exactly {1 << bits}")
@@ -223,29 +170,19 @@ def validate_data(data, ctx: Ctx) -> Spec:
     if not isinstance(data, dict):
         ctx.err((), f"the document must be a mapping of spec fields; got {show(data)}")
         ctx.raise_if_any()
-    top = Reader.mapping(ctx, data, (), TOP_KEYS, required=("opgen", "name", "op", "a"))
-
-    # opgen: format version
-    version = top.raw("opgen", _MISSING)
-    if version is not _MISSING and not (is_int(version) and version == FORMAT_VERSION):
-        ctx.err(("opgen",), f"unsupported format version {show(version)} "
-                           f"(allowed: {FORMAT_VERSION})")
-    name = top.string("name", BAD)
-    if isinstance(name, str) and not NAME_RE.fullmatch(name):
-        ctx.err(("name",), f"{show(name)} is not a valid name (allowed: [a-z0-9_]+)")
-        name = BAD
-    description = top.string("description", "")
-    op = top.choice("op", OPS, default=BAD, what="op")
-    accumulate = top.choice("accumulate", ACCUMULATE, default="float32", what="accumulator")
+    top = open_mapping(ctx, data, (), "spec")
+    top.get("opgen")                        # the format version: checked, not kept
+    name = top.get("name")
+    description = top.get("description")
+    op = top.get("op")
+    accumulate = top.get("accumulate")
 
     # shape
     M = N = K = None
     if top.has("shape"):
-        sr = Reader.mapping(ctx, top.raw("shape"), ("shape",), SHAPE_KEYS)
+        sr = open_mapping(ctx, top.raw("shape"), ("shape",), "shape")
         if sr is not None:
-            M = sr.pos_int_or_word("M", ("dynamic",), what="M")
-            N = sr.pos_int_or_word("N", ("any",), what="N")
-            K = sr.pos_int_or_word("K", ("any",), what="K")
+            M, N, K = sr.get("M"), sr.get("N"), sr.get("K")
     M, N, K = (None if isinstance(x, str) else x for x in (M, N, K))
     Nf = N if is_int(N) else None            # fixed sizes for divisibility rules
     Kf = K if is_int(K) else None
@@ -253,10 +190,9 @@ def validate_data(data, ctx: Ctx) -> Spec:
     # a
     a_dtype = a_scale = BAD
     if top.has("a"):
-        ar = Reader.mapping(ctx, top.raw("a"), ("a",), A_KEYS, required=("dtype",))
+        ar = open_mapping(ctx, top.raw("a"), ("a",), "a")
         if ar is not None:
-            a_dtype = ar.choice("dtype", ACT_DTYPES, default=BAD, what="activation dtype")
-            a_scale = ar.choice("scale", ("row",), default=None, what="activation scale")
+            a_dtype, a_scale = ar.get("dtype"), ar.get("scale")
             if a_dtype in ("int8", "float8_e4m3") and a_scale is None:
                 ctx.err(("a", "scale"), f"{a_dtype} activations need `scale: row` "
                                         f"(a per-row float32 scale)")
@@ -264,16 +200,15 @@ def validate_data(data, ctx: Ctx) -> Spec:
                 ctx.err(("a", "scale"), f"{a_dtype} activations take no scale; remove it")
 
     # out
-    out_allowed = {"matmul": OUT_DTYPES, "quantize": QUANT_OUT_DTYPES}.get(
-        op, OUT_DTYPES + QUANT_OUT_DTYPES)
     out_dtype = "float16"
     if top.has("out"):
-        orr = Reader.mapping(ctx, top.raw("out"), ("out",), OUT_KEYS, required=("dtype",))
+        orr = open_mapping(ctx, top.raw("out"), ("out",), "out")
         out_dtype = BAD
         if orr is not None and orr.has("dtype"):
-            out_dtype = orr.choice("dtype", out_allowed,
-                                   what=f"output dtype for op {op}" if op is not BAD
-                                   else "output dtype")
+            if op in OP_OUT_DTYPES:
+                out_dtype = orr.choice("dtype", OP_OUT_DTYPES[op], what=f"output dtype for op {op}")
+            else:
+                out_dtype = orr.get("dtype")
     elif op == "quantize":
         ctx.err(("out",), f"required for op quantize {allowed_values(QUANT_OUT_DTYPES)}")
         out_dtype = BAD
@@ -281,10 +216,9 @@ def validate_data(data, ctx: Ctx) -> Spec:
     # epilogue
     bias, act = False, "none"
     if top.has("epilogue"):
-        er = Reader.mapping(ctx, top.raw("epilogue"), ("epilogue",), EPILOGUE_KEYS)
+        er = open_mapping(ctx, top.raw("epilogue"), ("epilogue",), "epilogue")
         if er is not None:
-            bias = er.boolean("bias", False)
-            act = er.choice("activation", ACTIVATIONS, default="none", what="activation")
+            bias, act = er.get("bias"), er.get("activation")
 
     # b
     weight = None
@@ -300,9 +234,9 @@ def validate_data(data, ctx: Ctx) -> Spec:
     if op == "matmul" and weight is None:
         weight = BAD            # missing b (reported)
     if op == "quantize":
-        if a_dtype is not BAD and a_dtype not in QUANT_ACT_DTYPES:
+        if a_dtype is not BAD and a_dtype not in OP_ACT_DTYPES[op]:
             ctx.err(("a", "dtype"), f"op quantize reads {a_dtype} activations; it needs "
-                                    f"{allowed_values(QUANT_ACT_DTYPES)}")
+                                    f"{allowed_values(OP_ACT_DTYPES[op])}")
         if bias is True:
             ctx.err(("epilogue", "bias"), "op quantize has no epilogue (bias must be false)")
         if act not in ("none", BAD):
@@ -321,24 +255,82 @@ def validate_data(data, ctx: Ctx) -> Spec:
     ctx.raise_if_any()
     assert ok(name, op, a_dtype, a_scale, out_dtype, accumulate, bias, act, weight), \
         "validator bug: invalid field without an error"
-    return Spec(
+    spec = Spec(
         name=name, op=op, a=Activation(a_dtype, a_scale), b=w, out=Output(out_dtype),
         accumulate=accumulate, epilogue=Epilogue(bias, act), shape=Shape(M, N, K),
         description=description, version=FORMAT_VERSION,
     )
+    for path, message in kernel_problems(spec):
+        ctx.err(path, message)
+    ctx.raise_if_any()
+    return spec
+
+
+# --- what the kernels hold -----------------------------------------------------------
+
+def kernel_problems(spec: Spec) -> List[Tuple[PathT, str]]:
+    """What a spec the language accepts asks beyond the kernels: the sizes it
+    fixes against the rule `opgen build` and `opgen.load` apply to every size
+    (planner.shape_problems), and numbers the decode must hold exactly."""
+    out = [(("shape", dim), message) for dim, message in
+           shape_problems(spec, N=spec.shape.N, K=spec.shape.K, M=spec.shape.M)]
+    w = spec.b
+    if w is None or spec.a.dtype not in EXACT_INTS:
+        return out
+    if w.zero.kind in ("const", "int"):
+        key = "value" if w.zero.kind == "const" else "offset"
+        v = getattr(w.zero, key)
+        lo, hi, why = zero_range(spec)
+        if not lo <= v <= hi:
+            out.append((("b", "zero", key), f"{v} is out of range (allowed: {lo}..{hi}: {why})"))
+    if w.codebook is not None:
+        top = FINITE_MAX[spec.a.dtype]
+        big = [x for x in w.codebook if abs(x) > top]
+        if big:
+            out.append((("b", "codebook"), f"{big[0]:g} is beyond {spec.a.dtype}, the type the "
+                                           f"codes decode to (allowed: |x| <= {top:g})"))
+    return out
+
+
+def zero_range(spec: Spec) -> Tuple[int, int, str]:
+    """(lo, hi, why) of the zero point of a float16/bfloat16-activation spec:
+    of b.zero.value (kind const) or b.zero.offset (kind int). The decode
+    subtracts zero points in the activation type, so each zero point and
+    every q - z must be integers that type holds exactly; a const zero point
+    also joins the magic number of the fast integer decode (lower.decode_plan),
+    and that constant must be exact too."""
+    w, a = spec.b, spec.a.dtype
+    E = EXACT_INTS[a]
+    q = WEIGHT_CODES[w.dtype]
+    codes = f"the {w.dtype} codes q = {q.lo}..{q.hi}"
+    if w.zero.kind == "const":
+        lo, hi = q.hi - E, q.lo + E
+        why = f"every q - z over {codes} must be an integer {a} holds exactly, |x| <= {E}"
+        at_zero = dataclasses.replace(spec, b=dataclasses.replace(w, zero=Zero("const", value=0)))
+        dec = lower.decode_plan(lower.weight_layout(at_zero), lower.numerics(at_zero))
+        if dec.method == "magic" and E - dec.sub_value < hi:
+            hi = E - dec.sub_value
+            why += f"; so must {dec.sub_value} + z, the constant the decode subtracts"
+        return lo, hi, why
+    zc = WEIGHT_CODES[w.zero.dtype]
+    lo = max(-E - zc.lo, q.hi - zc.lo - E)
+    hi = min(E - zc.hi, q.lo - zc.hi + E)
+    why = (f"every zero point z = stored + offset over the {w.zero.dtype} codes "
+           f"{zc.lo}..{zc.hi}, and every q - z over {codes}, must be an integer {a} holds "
+           f"exactly, |x| <= {E}")
+    return lo, hi, why
 
 
 def _validate_weight(ctx: Ctx, value, Nf: Optional[int], Kf: Optional[int], a_dtype):
     bp = ("b",)
-    r = Reader.mapping(ctx, value, bp, B_KEYS, required=("dtype",))
+    r = open_mapping(ctx, value, bp, "b")
     if r is None:
         return BAD
-    dtype = r.choice("dtype", WEIGHT_DTYPES, default=BAD, what="weight dtype")
-    layout = r.choice("layout", LAYOUTS, default="nt", what="weight layout")
+    dtype, layout = r.get("dtype"), r.get("layout")
     pk = _read_pack(ctx, r.raw("pack"), r.p("pack")) if r.has("pack") else None
     scale = _read_scale(ctx, r.raw("scale"), r.p("scale")) if r.has("scale") else None
     zero = _read_zero(ctx, r.raw("zero"), r.p("zero")) if r.has("zero") else None
-    formula = _read_formula(r)
+    formula = r.get("formula")
     cbits, codebook = _read_codebook(r, dtype)
 
     bits = None
@@ -494,6 +486,6 @@ def specialize_shape(spec: Spec, M: Optional[int] = None, N: Optional[int] = Non
 
 
 __all__ = [
-    "spec_from_dict", "validate_data", "specialize_shape",
+    "spec_from_dict", "validate_data", "specialize_shape", "kernel_problems", "zero_range",
     "FLOAT_WEIGHT_DTYPES", "QUANT_OUT_DTYPES", "QUANT_ACT_DTYPES",
 ]

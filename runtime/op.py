@@ -27,7 +27,7 @@ class MatmulOp:
         if spec.op != "matmul":
             raise UserError(f"{spec.name}: op {spec.op!r} is not a matmul (opgen.load gives quantize specs their own op)")
         planner.check_shape(spec, N, K)
-        self.spec, self.N, self.K = spec, N, K
+        self.spec, self.N, self.K = spec, int(N), int(K)       # (numpy integers too)
         self.arch = _arch(arch)
         self.sms = planning_sms()
         self.db, self.use_db = db, use_db
@@ -140,9 +140,11 @@ class QuantizeOp:
     per-row symmetric, scale = absmax / 127 (int8) or / 448 (e4m3), ties to even."""
 
     def __init__(self, spec: Spec, K: int, arch: Optional[str] = None):
-        if K <= 0 or K % 8:
-            raise UserError(f"{spec.name}: K={K} must be a positive multiple of 8 (16-byte row loads)")
-        self.spec, self.K = spec, K
+        try:
+            planner.check_shape(spec, K=K)
+        except planner.PlanError as e:
+            raise UserError(f"{spec.name}: {e}") from None
+        self.spec, self.K = spec, int(K)
         self.kernel = QuantizeKernel(spec, _arch(arch))
 
     def __call__(self, x, codes=None, scale=None):
@@ -181,10 +183,10 @@ def load(spec_or_name, N: Optional[int] = None, K: Optional[int] = None, arch: O
     if K is None:
         raise UserError(f"{spec.name}: K is required")
     if spec.op == "quantize":
-        return QuantizeOp(spec, int(K), arch=arch)
+        return QuantizeOp(spec, K, arch=arch)
     if N is None:
         raise UserError(f"{spec.name}: N is required")
-    return MatmulOp(spec, int(N), int(K), arch=arch, db=db, use_db=use_db)
+    return MatmulOp(spec, N, K, arch=arch, db=db, use_db=use_db)
 
 
 class QuantizedLinearOp:
@@ -207,7 +209,7 @@ class QuantizedLinearOp:
 def load_linear(spec_or_name, N: int, K: int, input_dtype: str = "float16", **kw) -> QuantizedLinearOp:
     """A linear layer taking float activations for an int8/fp8-activation spec
     (e.g. "w8a8_int8"): quantize + GEMM with both scales fused."""
-    return QuantizedLinearOp(as_spec(spec_or_name), int(N), int(K), input_dtype, **kw)
+    return QuantizedLinearOp(as_spec(spec_or_name), N, K, input_dtype, **kw)
 
 
 def quantize_spec(spec: Spec, input_dtype: str = "float16") -> Spec:

@@ -41,7 +41,7 @@ def pack_dicts(draw, bits, axis=None):
 @st.composite
 def valid_spec_dicts(draw):
     op = draw(st.sampled_from(["matmul"] * 5 + ["quantize"]))
-    d = {"opgen": 1, "name": draw(st.from_regex(r"[a-z0-9_]{1,24}", fullmatch=True)), "op": op}
+    d = {"opgen": 1, "name": draw(st.from_regex(r"[a-z_][a-z0-9_]{0,23}", fullmatch=True)), "op": op}
     if draw(st.booleans()):
         d["description"] = draw(st.text(st.characters(blacklist_categories=("Cs",)), max_size=30))
     shape = {}
@@ -115,11 +115,14 @@ def valid_spec_dicts(draw):
         if draw(st.booleans()):
             b["zero"] = {"kind": "none"}
     elif kind == "const":
-        b["zero"] = {"kind": "const", "value": draw(st.integers(-4, 300))}
+        b["zero"] = {"kind": "const", "value": draw(st.integers(-4, 100))}   # (bf16 int4: up to 120)
     elif kind == "float":
         b["zero"] = {"kind": "float", "dtype": draw(st.sampled_from(S.FLOAT_ZERO_DTYPES))}
     else:
-        zdtypes = [z for z in S.INT_ZERO_DTYPES if gran != "tensor" or S.WEIGHT_CODES[z].bits == 8]
+        # (bfloat16 holds |x| <= 256 exactly: q - z of 8-bit codes and zero points of opposite
+        # signs does not fit, validate.zero_range)
+        zdtypes = [z for z in S.INT_ZERO_DTYPES if (gran != "tensor" or S.WEIGHT_CODES[z].bits == 8)
+                   and (d["a"]["dtype"] != "bfloat16" or z.startswith("int") == wdtype.startswith("int"))]
         zd = draw(st.sampled_from(zdtypes))
         z = {"kind": "int", "dtype": zd}
         zbits = S.WEIGHT_CODES[zd].bits
@@ -129,12 +132,15 @@ def valid_spec_dicts(draw):
                 dn = _lcm(dn, Pz)
             else:
                 dk = _lcm(dk, group * Pz)
-        _maybe(draw, z, "offset", draw(st.integers(-2, 2)), 0)
+        _maybe(draw, z, "offset", draw(st.integers(-1, 1)), 0)      # (bf16, uint8: -1..1)
         b["zero"] = z
     if draw(st.booleans()):
         b["formula"] = draw(st.sampled_from(list(S.FORMULAS) + ["(q-z)*s", "q*s - z"]))
     d["b"] = b
 
+    # fixed sizes the kernels take too (planner.shape_problems): N a multiple of 8 and of
+    # 16-byte rows of [K, N] weights (at most 128 one-bit codes), K a multiple of 32
+    dn, dk = _lcm(dn, 128), _lcm(dk, planner.K_ALIGN)
     if draw(st.booleans()):
         shape["N"] = draw(st.one_of(st.just("any"), st.integers(1, 64).map(lambda m: m * dn)))
     if draw(st.booleans()):

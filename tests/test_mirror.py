@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 MIRRORED = {"codegen": "codegen", "runtime": "runtime", "opgen": "package", "bench": "bench"}
 REQUIRED = ("codegen", "runtime", "opgen")            # bench/: lab scripts, tests optional
-CROSS_CUTTING = {"test_layers.py", "test_mirror.py", "codegen/test_render_snapshot.py"}
+CROSS_CUTTING = {"test_layers.py", "test_mirror.py", "codegen/test_render_snapshot.py",
+                 "codegen/test_fuzz_specs.py"}
 CROSS_CUTTING_DIRS = ("perf",)                       # the performance targets (GPU)
 
 

@@ -1,8 +1,11 @@
-"""What a kernel configuration is (Config), the alignment every kernel relies
-on (check_shape), and the error for what cannot run (PlanError)."""
+"""What a kernel configuration is (Config), the sizes every kernel relies
+on (check_shape: alignment and the reach of 32-bit indexing), and the error
+for what cannot run (PlanError)."""
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass, fields
+from typing import List, Tuple
 
 from ..errors import UserError
 from ..lower import weight_layout
@@ -11,6 +14,17 @@ from ..spec import Spec
 # Alignment rules every kernel relies on (documented in docs/spec.md).
 K_ALIGN = 32     # K % 32 == 0: 16-byte rows for every packed format
 N_ALIGN = 8      # N % 8 == 0: output pairs and one mma n-tile
+QUANTIZE_K_ALIGN = 8   # op quantize: K % 8 == 0, rows read 16 bytes and written 8 codes at a time
+
+# What the kernels' 32-bit index arithmetic holds (templates/*.j2): M, N, K are
+# `int` arguments, and so are a tile's origin plus the tile, offsets along k and
+# into a row of weights, and the index of a scale or zero point (decode.cuh.j2's
+# scale_index: (k / group) * N + n); a row times its stride is `long`. Hence each
+# size below SIZE_LIMIT (a size plus a tile, or a row of 2-byte elements in bytes,
+# then stays below 2^31), and a scale (zero-point) table of fewer than INDEX_LIMIT
+# entries.
+SIZE_LIMIT = 1 << 30
+INDEX_LIMIT = 1 << 31
 
 
 class PlanError(UserError):
@@ -80,29 +94,63 @@ class Config:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def check_shape(spec: Spec, N: int, K: int) -> None:
-    """The alignment rule, stated once; raises PlanError naming it."""
+def shape_problems(spec: Spec, N=None, K=None, M=None) -> List[Tuple[str, str]]:
+    """The size rule every kernel relies on, stated once, as (dimension,
+    problem) pairs for the sizes given (None: not known yet, its rules are
+    skipped): what check_shape raises, and what `opgen check` reports at
+    shape.N / shape.K for the sizes a spec fixes."""
+    out: List[Tuple[str, str]] = []
+    sizes = {"M": M, "N": N, "K": K}
+    for dim, v in sizes.items():
+        if v is None:
+            continue
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+            out.append((dim, f"{dim}={v!r} must be an integer"))
+            sizes[dim] = None
+        elif v >= SIZE_LIMIT:
+            out.append((dim, f"{dim}={v} is out of range (allowed: 1..{SIZE_LIMIT - 1}: the "
+                             "kernels index with 32-bit int)"))
+            sizes[dim] = None
+        elif v <= 0 and not (spec.op == "quantize" and dim == "K"):   # (its rule says positive)
+            out.append((dim, f"{dim}={v} must be positive"))
+            sizes[dim] = None
+    N, K = sizes["N"], sizes["K"]
+    for dim, want, got in (("N", spec.shape.N, N), ("K", spec.shape.K, K)):
+        if want is not None and got is not None and want != got:
+            out.append((dim, f"{dim}={got} but the spec fixes {dim}={want}"))
     w = spec.b
-    problems = []
-    if K % K_ALIGN:
-        problems.append(f"K={K} must be a multiple of {K_ALIGN}")
-    if N % N_ALIGN:
-        problems.append(f"N={N} must be a multiple of {N_ALIGN}")
-    if w is not None and w.scale is not None and w.scale.granularity == "group" and K % w.scale.group:
-        problems.append(f"K={K} must be a multiple of the scale group {w.scale.group}")
-    if w is not None and w.pack is not None and w.pack.axis == "n":
+    if spec.op == "quantize":
+        if K is not None and (K <= 0 or K % QUANTIZE_K_ALIGN):
+            out.append(("K", f"K={K} must be a positive multiple of {QUANTIZE_K_ALIGN} "
+                             "(16-byte row loads)"))
+        return out
+    if K is not None and K % K_ALIGN:
+        out.append(("K", f"K={K} must be a multiple of {K_ALIGN}"))
+    if N is not None and N % N_ALIGN:
+        out.append(("N", f"N={N} must be a multiple of {N_ALIGN}"))
+    scale = w.scale if w is not None else None
+    group = scale.group if scale is not None and scale.granularity == "group" else None
+    if K is not None and group and K % group:
+        out.append(("K", f"K={K} must be a multiple of the scale group {group}"))
+    if N is not None and w is not None and w.pack is not None and w.pack.axis == "n":
         P = weight_layout(spec).P
         if N % P:
-            problems.append(f"N={N} must be a multiple of {P} (codes per word, packed along n)")
-    if w is not None:
+            out.append(("N", f"N={N} must be a multiple of {P} (codes per word, packed along n)"))
+    if N is not None and w is not None:
         lay = weight_layout(spec)
         # Weights stored [K, N]: tiles are copied in 16-byte chunks from each row.
         unit = 16 * lay.col_div // lay.elem_bytes
         if lay.row_axis == "k" and N % unit:
-            problems.append(f"N={N} must be a multiple of {unit} (weights stored [K, N] need "
-                            "16-byte rows)")
-    for dim, want, got in (("N", spec.shape.N, N), ("K", spec.shape.K, K)):
-        if want is not None and want != got:
-            problems.append(f"{dim}={got} but the spec fixes {dim}={want}")
+            out.append(("N", f"N={N} must be a multiple of {unit} (weights stored [K, N] need "
+                             "16-byte rows)"))
+    if N is not None and K is not None and group and N * (K // group) >= INDEX_LIMIT:
+        out.append(("K", f"N * K / group = {N * (K // group)} scales is too many for the kernels' "
+                         f"32-bit index (allowed: below {INDEX_LIMIT})"))
+    return out
+
+
+def check_shape(spec: Spec, N=None, K=None, M=None) -> None:
+    """Raises PlanError naming every way the sizes break the rule (shape_problems)."""
+    problems = shape_problems(spec, N, K, M)
     if problems:
-        raise PlanError("; ".join(problems))
+        raise PlanError("; ".join(p for _, p in problems))

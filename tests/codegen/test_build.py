@@ -1,7 +1,8 @@
 """`opgen build` in codegen (codegen/build.py): every shipped spec built for
 every arch through NVRTC (no GPU needed), with its plan.json; the plan of a
 dynamic M (one kernel per M bucket's pick, each written once); a shape the
-spec does not allow refused before anything is compiled."""
+spec or the kernels do not allow refused before anything is compiled or
+written, a default size named as the default."""
 import json
 from types import SimpleNamespace
 
@@ -10,8 +11,10 @@ import pytest
 from opgen.codegen import build, hw, planner
 from opgen.codegen.buckets import LABELS, representative_M
 from opgen.codegen.build import build_spec
+from opgen.codegen.canonical import spec_to_yaml_dict
 from opgen.codegen.errors import UserError
 from opgen.codegen.resolve import load_spec, shipped_specs
+from opgen.codegen.validate import spec_from_dict
 
 SPECS = sorted(shipped_specs())
 ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90"]
@@ -87,3 +90,37 @@ def test_a_shape_the_spec_refuses_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setattr(build, "compile_config", compile_config)
     with pytest.raises(UserError, match=r"^gptq_v2_w4a16_g128: .*multiple of 32"):
         build_spec(spec("gptq_v2_w4a16_g128"), tmp_path, "sm_90", M=1, N=4096, K=4100)
+
+
+def test_a_default_size_is_named_as_the_default(tmp_path, monkeypatch):
+    """build made its plan at K = 4096 for a spec leaving K any and said
+    "K=4096 must be a multiple of the scale group 3", a K the user never gave."""
+    _compile_nothing(monkeypatch)
+    d = spec_to_yaml_dict(spec("w8a8_int8"))
+    d.update(a={"dtype": "float16"}, accumulate="float32",
+             b={"dtype": "uint8", "scale": {"dtype": "float16", "group": 96}})
+    s = spec_from_dict(d)
+    with pytest.raises(UserError) as ei:
+        build_spec(s, tmp_path / "out", "sm_90")
+    assert str(ei.value) == (f"{s.name}: K=4096 must be a multiple of the scale group 96 (K=4096 is "
+                             "the default: the spec leaves shape.K any; give --K or fix shape.K)")
+    assert not (tmp_path / "out").exists()                  # refused before anything is written
+    with pytest.raises(UserError) as ei:                    # a K given is not called a default
+        build_spec(s, tmp_path / "out", "sm_90", K=4000)
+    assert "default" not in str(ei.value)
+    build_spec(s, tmp_path / "out", "sm_90", M=1, K=96 * 32)     # (refused no further)
+
+
+@pytest.mark.parametrize("name,sizes,match", [
+    ("quantize_int8_row", dict(K=12), "K=12 must be a positive multiple of 8"),
+    ("quantize_int8_row", dict(K=2 ** 31), "K=2147483648 is out of range"),
+    ("gptq_v2_w4a16_g128", dict(N=2 ** 31), "N=2147483648 is out of range .*32-bit int"),
+    ("gptq_v2_w4a16_g128", dict(M=2 ** 64 + 1), "M=18446744073709551617 is out of range"),
+])
+def test_sizes_are_checked_for_every_op(name, sizes, match, tmp_path, monkeypatch):
+    """`opgen build quantize_* --K` was not validated; sizes past the kernels'
+    32-bit indexing built (exit 0)."""
+    _compile_nothing(monkeypatch)
+    monkeypatch.setattr(build, "compile_kernel", lambda *a: pytest.fail("compiled"))
+    with pytest.raises(UserError, match=rf"^{name}: {match}"):
+        build_spec(spec(name), tmp_path, "sm_90", **sizes)

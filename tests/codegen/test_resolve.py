@@ -1,12 +1,16 @@
 """Finding specs (codegen/resolve.py): the shipped set, each loaded by path
-and by name, what each shipped spec holds, names that are neither."""
+and by name, what each shipped spec holds, names that are neither; reading
+a file: bounded in size, not-UTF-8 bytes located."""
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from opgen.codegen import spec as S
 from opgen.codegen.errors import SpecErrors
 from opgen.codegen.resolve import as_spec, load_spec, resolve_spec, shipped_specs
+from opgen.codegen.yaml_source import MAX_SPEC_BYTES
 
 SHIPPED = (
     "gptq_v1_w4a16_g128", "gptq_v2_w4a16_g128", "gptq_v1_w4a16_g128_repacked",
@@ -105,3 +109,21 @@ def test_as_spec(tmp_path):
     errs = _errors(as_spec, str(broken))
     assert errs.errors and all(e.file == str(broken) for e in errs.errors)
     assert "shipped" in str(_errors(as_spec, "no_such_spec"))
+
+
+def test_an_oversized_file_is_refused_unread(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"k: 1\n" * (1 << 20))                 # 5 MiB of keys
+    t0 = time.perf_counter()
+    errs = _errors(load_spec, big)
+    assert time.perf_counter() - t0 < 1.0
+    (e,) = errs.errors
+    assert (e.file, e.line, e.path) == (str(big), 1, "spec")
+    assert f"is {5 << 20} bytes" in e.message and f"at most {MAX_SPEC_BYTES}" in e.message
+
+
+def test_a_file_that_is_not_utf8_names_its_line(tmp_path):
+    f = tmp_path / "latin1.yaml"
+    f.write_bytes("opgen: 1\nname: x\ndescription: caf\xe9\n".encode("latin-1"))
+    (e,) = _errors(as_spec, str(f)).errors
+    assert (e.file, e.line, e.path) == (str(f), 3, "yaml") and "0xe9 is not UTF-8" in e.message

@@ -1,9 +1,11 @@
-"""The spec model's stored shapes (codegen/spec.py stored_shapes): what the
-reference draws, for every shipped matmul spec."""
+"""The spec model (codegen/spec.py): the stored shapes (stored_shapes), what
+the reference draws, for every shipped matmul spec; the float types' exact
+integers and largest values (the validator's bounds)."""
 import numpy as np
 import pytest
 
 from opgen.codegen.random_data import random_weight_tensors
+from opgen.codegen import spec as S
 from opgen.codegen.spec import stored_shapes
 from opgen.codegen.resolve import load_spec, shipped_specs
 
@@ -23,3 +25,22 @@ def test_stored_shapes_in_symbols():
     N, K = 4096, 8192
     assert stored_shapes(gptq, N, K) == {"qweight": (K // 8, N), "scales": (K // 128, N),
                                          "zeros": (K // 128, N // 8)}
+
+
+def _bf16(x: float) -> float:
+    """x rounded to bfloat16 (the top 16 bits of a float32, ties to even)."""
+    b = int(np.array(x, np.float32).view(np.uint32))
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return float(np.array(b, np.uint32).view(np.float32))
+
+
+def test_exact_ints_and_finite_max_are_the_types():
+    """The bounds the validator holds zero points and codebooks to
+    (validate.kernel_problems) are the types' own."""
+    E16, Eb = S.EXACT_INTS["float16"], S.EXACT_INTS["bfloat16"]
+    assert all(float(np.float16(x)) == x for x in range(-E16, E16 + 1))
+    assert float(np.float16(E16 + 1)) != E16 + 1
+    assert all(_bf16(x) == x for x in range(-Eb, Eb + 1)) and _bf16(Eb + 1) != Eb + 1
+    assert S.FINITE_MAX["float16"] == float(np.finfo(np.float16).max)
+    assert S.FINITE_MAX["bfloat16"] == (2 - 2 ** -7) * 2.0 ** 127
+    assert set(S.EXACT_INTS) == set(S.FINITE_MAX) == {"float16", "bfloat16"}

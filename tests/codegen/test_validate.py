@@ -1,5 +1,6 @@
 """Spec validation (codegen/validate.py): generated valid / broken specs,
-specific messages, sizes fixed on the command line (`opgen check`, `list`
+specific messages, sizes fixed on the command line, what the kernels hold
+(sizes, the shape rule of build, exact zero points) (`opgen check`, `list`
 and `build`: tests/package/test_cli_specs.py, test_cli_build.py)."""
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from opgen.codegen import spec as S
 from opgen.codegen.canonical import spec_to_yaml_dict
 from opgen.codegen.errors import SpecError, SpecErrors, UserError
 from opgen.codegen.resolve import load_spec
-from opgen.codegen.validate import FLOAT_WEIGHT_DTYPES, spec_from_dict, specialize_shape
+from opgen.codegen.validate import FLOAT_WEIGHT_DTYPES, spec_from_dict, specialize_shape, zero_range
 from strategies import valid_spec_dicts
 
 ERR_LINE = re.compile(r"^.+:\d+: [a-z_.0-9]+: .+$")
@@ -360,3 +361,129 @@ def test_specialize_shape():
     assert specialize_shape(fixed).K == 256
     with pytest.raises(UserError, match="conflicts"):
         specialize_shape(fixed, K=512)
+
+
+# --- what the kernels hold: sizes, the shape rule, exact zero points --------------------------
+
+def _sym(a="float16", wdtype="uint4", value=8):
+    d = spec_to_yaml_dict(load_spec("w4a16_sym_g128"))
+    d["a"]["dtype"] = d["out"]["dtype"] = a
+    d["b"]["dtype"] = wdtype
+    if S.WEIGHT_CODES[wdtype].bits >= 8:
+        del d["b"]["pack"]
+    d["b"]["zero"] = {"kind": "const", "value": value}
+    return d
+
+
+@pytest.mark.parametrize("value", [2001, 1025, 2 ** 31, 2 ** 64 + 1, -2034])
+def test_a_const_zero_beyond_exact_float16_is_refused(value):
+    """2001 on 4-bit codes built a kernel that subtracted 2000 (1024 + 2001
+    rounds in fp16), 2^31 and up subtracted +inf; check said ok."""
+    errs = _errors(spec_from_dict, _sym(value=value))
+    assert errs.paths == ["b.zero.value"], str(errs)
+    m = errs.errors[0].message
+    assert f"{value} is out of range (allowed: -2033..1024:" in m
+    assert "float16 holds exactly" in m and "1024 + z" in m
+
+
+def test_const_zero_bounds_follow_the_code_and_compute_types():
+    for a, wd, lo, hi in [("float16", "uint4", -2033, 1024), ("bfloat16", "uint4", -241, 128),
+                          ("float16", "int4", -2041, 1016),
+                          ("bfloat16", "uint8", -1, 256)]:      # 8 bits in bf16: no magic number
+        for v in (lo, hi):
+            spec_from_dict(_sym(a, wd, v))
+        for v in (lo - 1, hi + 1):
+            assert _errors(spec_from_dict, _sym(a, wd, v)).paths == ["b.zero.value"]
+        assert zero_range(spec_from_dict(_sym(a, wd, 0)))[:2] == (lo, hi)
+
+
+@pytest.mark.parametrize("offset", [2 ** 31, 2 ** 64 + 1, 2034, -2034])
+def test_an_int_zero_offset_beyond_exact_float16_is_refused(offset):
+    d = _gptq()
+    d["b"]["zero"]["offset"] = offset
+    errs = _errors(spec_from_dict, d)
+    assert errs.paths == ["b.zero.offset"], str(errs)
+    assert "(allowed: -2033..2033:" in errs.errors[0].message
+    for ok_offset in (-2033, 2033):
+        d["b"]["zero"]["offset"] = ok_offset
+        spec_from_dict(d)
+
+
+def test_codebook_values_must_be_finite_in_the_activation_type():
+    d = spec_to_yaml_dict(load_spec("bnb_nf4"))
+    d["b"] = {"dtype": "codebook", "bits": 1, "codebook": [0.0, 70000.0],
+              "pack": {"container": "uint8", "axis": "k"}}
+    errs = _errors(spec_from_dict, d)
+    assert errs.paths == ["b.codebook"] and "|x| <= 65504" in errs.errors[0].message
+    d["a"]["dtype"] = d["out"]["dtype"] = "bfloat16"
+    spec_from_dict(d)
+    d["b"]["codebook"] = [0.0, 10 ** 400]                  # no OverflowError
+    assert "finite numbers" in _errors(spec_from_dict, d).errors[0].message
+
+
+@pytest.mark.parametrize("path,value", [(("shape", "M"), 2 ** 31), (("shape", "N"), 2 ** 31),
+                                        (("shape", "K"), 2 ** 64 + 1), (("shape", "K"), 2 ** 30),
+                                        (("b", "scale", "group"), 2 ** 31)])
+def test_sizes_beyond_32_bit_indexing_are_refused(path, value):
+    d = _gptq()
+    _get(d, path[:-1])[path[-1]] = value
+    errs = _errors(spec_from_dict, d)
+    assert ".".join(path) in errs.paths, str(errs)
+    m = next(e.message for e in errs.errors if e.path == ".".join(path))
+    assert "(allowed: 1..1073741823" in m and "32-bit" in m
+
+
+def test_a_scale_table_beyond_32_bit_indexing_is_refused():
+    d = _gptq()
+    d["shape"]["N"], d["shape"]["K"] = 2 ** 20, 2 ** 19          # 2^32 scales of group 128
+    errs = _errors(spec_from_dict, d)
+    assert errs.paths == ["shape.K"] and "32-bit index" in errs.errors[0].message
+    d["shape"]["N"] = 2 ** 17                                   # 2^29
+    spec_from_dict(d)
+
+
+FIXED = """\
+opgen: 1
+name: fixed
+op: matmul
+shape:
+  N: {N}
+  K: {K}
+a: {{dtype: float16}}
+b: {b}
+"""
+
+
+@pytest.mark.parametrize("N,K,b,where", [
+    (3, 5, "{dtype: float8_e4m3, scale: {dtype: float32, group: channel}}",
+     {(5, "shape.N"), (6, "shape.K")}),
+    (4104, 4096, "{dtype: uint4, layout: nn, pack: {container: int32, axis: n}, "
+                 "scale: {dtype: float16, group: 128}}", {(5, "shape.N")}),
+])
+def test_check_applies_the_shape_rule_of_build(N, K, b, where):
+    """The sizes a spec fixes meet the rule build and opgen.load apply
+    (planner.shape_problems): fp8 N = 3, K = 5 and AWQ N = 4104 passed check."""
+    errs = _errors(load_spec, FIXED.format(N=N, K=K, b=b), filename="f.yaml")
+    assert {(e.line, e.path) for e in errs.errors} == where, str(errs)
+    for line in str(errs).splitlines():
+        assert re.match(r"^f\.yaml:\d+: shape\.[NK]: [NK]=\d+ must be a multiple of \d+", line), line
+
+
+def test_quantize_k_follows_its_kernel():
+    d = spec_to_yaml_dict(load_spec("quantize_int8_row"))
+    d["shape"] = {"K": 12}
+    errs = _errors(spec_from_dict, d)
+    assert errs.paths == ["shape.K"] and "multiple of 8" in errs.errors[0].message
+    spec = load_spec("quantize_int8_row")
+    with pytest.raises(UserError, match="K=12 must be a positive multiple of 8"):
+        specialize_shape(spec, K=12)
+    assert specialize_shape(spec, K=4096).K == 4096
+
+
+def test_specialize_shape_applies_the_size_bounds():
+    spec = load_spec("gptq_v1_w4a16_g128")
+    for kw in (dict(N=2 ** 31), dict(M=2 ** 31), dict(K=2 ** 64 + 1)):
+        with pytest.raises(UserError, match="32-bit"):
+            specialize_shape(spec, **kw)
+    with pytest.raises(UserError, match="16-byte rows"):
+        specialize_shape(load_spec("awq_w4a16_g128"), N=4104)

@@ -8,7 +8,7 @@ from opgen.codegen.errors import SpecError, SpecErrors, UserError
 
 
 def test_every_subcommand_is_in_the_table():
-    assert list(cli.COMMANDS) == ["check", "list", "build", "tune", "db", "bench"]
+    assert list(cli.COMMANDS) == ["check", "list", "schema", "build", "tune", "db", "bench"]
     parser = cli.make_parser()
     for name in cli.COMMANDS:
         with pytest.raises(SystemExit) as e:

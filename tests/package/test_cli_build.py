@@ -1,7 +1,8 @@
 """`opgen build` (opgen/cli/build.py): what it hands codegen.build_spec, the
-sizes that do not fit the spec, the arches it offers, and the warning for a
-kernel ptxas gave local memory."""
+sizes that do not fit the spec or the kernels (quantize's K included), the
+arches it offers, and the warning for a kernel ptxas gave local memory."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,27 @@ def test_cli_build_warns_of_spills(capsys, monkeypatch, tmp_path):
     assert out.split() == [str(tmp_path / "g.cu"), str(tmp_path / "plan.json")]
     assert err.strip() == ("opgen: warning: k_g: ptxas spills 4 bytes (stack frame 0 bytes); "
                            "see plan.json")
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["quantize_int8_row", "--K", "12"], "K=12 must be a positive multiple of 8"),
+    (["quantize_int8_row", "--N", "4096"], "op quantize has no N"),
+    (["gptq_v2_w4a16_g128", "--N", str(2 ** 31)], "2147483648 is not a valid N .*32-bit int"),
+    (["gptq_v2_w4a16_g128", "--M", str(2 ** 64 + 1)], "is not a valid M .*32-bit int"),
+    (["awq_w4a16_g128", "--N", "4104"], "N=4104 must be a multiple of 32"),
+])
+def test_cli_build_validates_the_sizes_it_is_given(argv, match, capsys, monkeypatch, tmp_path):
+    """`opgen build quantize_* --K` was not validated; sizes past the kernels'
+    32-bit indexing built: one line, exit 2, before build_spec runs."""
+    monkeypatch.setattr("opgen.cli.build.build_spec", lambda *a, **k: pytest.fail("built"))
+    assert main(["build", *argv, "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("opgen: error: ") and re.search(match, err[0]), err
+
+
+def test_cli_build_passes_the_quantize_K(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr("opgen.cli.build.build_spec",
+                        lambda spec, out, arch, M=None, N=None, K=None: calls.append(K) or [])
+    assert main(["build", "quantize_int8_row", "-o", str(tmp_path), "--K", "4096"]) == 0
+    assert calls == [4096]

@@ -1,6 +1,8 @@
-"""`opgen check` and `opgen list` (opgen/cli/specs.py): a line per spec that
-is fine, every problem as one located line on stderr and exit 2, no traceback
-from the command line, the shipped specs listed."""
+"""`opgen check`, `opgen list` and `opgen schema` (opgen/cli/specs.py): a line
+per spec that is fine, every problem as one located line on stderr and exit
+2, no traceback from the command line (what the kernels cannot hold
+included), the shipped specs listed, the JSON Schema printed or written."""
+import json
 import re
 import subprocess
 import sys
@@ -10,6 +12,7 @@ import yaml
 from opgen.cli import main, specs
 from opgen.codegen.canonical import spec_to_yaml_dict
 from opgen.codegen.resolve import load_spec, shipped_specs
+from opgen.codegen.schema import schema_text, shipped_schema
 
 ERR_LINE = re.compile(r"^.+:\d+: [a-z_.0-9]+: .+$")
 
@@ -106,3 +109,50 @@ def test_cli_list_names_a_broken_shipped_spec(capsys, monkeypatch, tmp_path):
     assert len(lines) == 2
     assert re.match(rf"^broken\s+\(invalid: {re.escape(str(f))}:\d+: ", lines[0]), lines[0]
     assert lines[1].startswith("w8a8_int8 ") and load_spec("w8a8_int8").description in lines[1]
+
+
+# --- what the kernels hold, from the command line -------------------------------------------
+
+SILENTLY_WRONG = {
+    "const_2001.yaml": ("opgen: 1\nname: w4\nop: matmul\na: {dtype: float16}\nb:\n  dtype: uint4\n"
+                        "  pack: {container: int32, axis: k}\n  scale: {dtype: float16, group: 128}\n"
+                        "  zero: {kind: const, value: 2001}\n", ":9: b.zero.value: 2001 is out of range"),
+    "fp8_3x5.yaml": ("opgen: 1\nname: f\nop: matmul\nshape: {N: 3, K: 5}\na: {dtype: float16}\n"
+                     "b: {dtype: float8_e4m3, scale: {dtype: float32, group: channel}}\n",
+                     ":4: shape.K: K=5 must be a multiple of 32"),
+    "n_2e31.yaml": ("opgen: 1\nname: f\nop: matmul\nshape: {N: 2147483648}\na: {dtype: float16}\n"
+                    "b: {dtype: float16}\n", ":4: shape.N: 2147483648 is not a valid N (allowed: 1.."),
+}
+
+
+def test_cli_check_refuses_what_the_kernels_cannot_hold(tmp_path):
+    """check said ok to a const zero of 2001, fixed sizes build refuses, sizes
+    past 32-bit indexing: now one located line each, exit 2, no traceback."""
+    files = []
+    for name, (text, _) in SILENTLY_WRONG.items():
+        (tmp_path / name).write_text(text)
+        files.append(str(tmp_path / name))
+    r = subprocess.run([sys.executable, "-m", "opgen", "check", *files], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    for name, (_, want) in SILENTLY_WRONG.items():
+        assert f"{tmp_path / name}{want}" in r.stderr, r.stderr
+    for line in r.stderr.strip().splitlines():
+        assert re.match(r"^.+:\d+: [A-Za-z_.0-9]+: .+$", line), line
+
+
+def test_cli_schema_prints_the_shipped_schema(capsys, tmp_path):
+    assert main(["schema"]) == 0
+    out = capsys.readouterr().out
+    assert out == schema_text() == shipped_schema().read_text()
+    assert json.loads(out)["$schema"].endswith("/draft/2020-12/schema")
+    f = tmp_path / "opgen-spec.schema.json"
+    assert main(["schema", "-o", str(f)]) == 0
+    assert capsys.readouterr().out.strip() == str(f) and f.read_text() == out
+
+
+def test_cli_schema_unwritable_is_one_line(capsys, tmp_path):
+    assert main(["schema", "-o", str(tmp_path / "no" / "such" / "dir.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("opgen: error: cannot write ")
+    assert main(["schema", "-o", str(tmp_path)]) == 2              # a directory
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

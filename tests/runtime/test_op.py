@@ -170,3 +170,25 @@ def test_a_tuned_config_that_does_not_compile_falls_back_to_the_heuristic(monkey
     with pytest.warns(UserWarning, match="does not compile here"):
         assert op.kernel_for(16) == heur
     assert made == [heur]
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(N=4096.7, K=4096), r"N=4096\.7 must be an integer"),     # was truncated to 4096
+    (dict(N=4096, K=4096.0), r"K=4096\.0 must be an integer"),
+    (dict(N=4096, K=2 ** 31), r"K=2147483648 is out of range .*32-bit int"),
+    (dict(N=2 ** 64 + 1, K=4096), r"N=18446744073709551617 is out of range"),
+])
+def test_load_refuses_sizes_it_would_truncate_or_overflow(kw, match):
+    with pytest.raises(UserError, match=match):
+        opgen.load("w4a16_sym_g128", arch="sm_90", **kw)
+
+
+def test_load_takes_numpy_integer_sizes():
+    op = opgen.load("w4a16_sym_g128", N=np.int64(4096), K=np.int32(4096), arch="sm_90")
+    assert (op.N, op.K) == (4096, 4096) and (type(op.N), type(op.K)) == (int, int)
+
+
+@pytest.mark.parametrize("K,match", [(4096.7, r"K=4096\.7 must be an integer"),
+                                     (2 ** 31, "K=2147483648 is out of range")])
+def test_quantize_op_refuses_sizes_it_would_truncate_or_overflow(K, match):
+    with pytest.raises(UserError, match=match):
+        opgen.load("quantize_int8_row", K=K, arch="sm_90")
