@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 from .version import __version__
 from . import hw, planner
 from .buckets import BUCKETS, representative_M
-from .compiler import compile_config, compile_kernel, nvrtc_version
+from .compiler import compile_config, compile_kernel, default_config, nvrtc_version
 from .errors import UserError
 from .kernel_args import ARGUMENTS, TMA_ARGUMENTS
 from .planner.config import QUANTIZE_K_ALIGN, shape_problems
@@ -59,7 +59,7 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
     dispatch = {}
     written: List[Path] = []
     for label, m in buckets.items():
-        cfg = planner.heuristic(spec, arch, m, N, K, sms)
+        cfg = default_config(spec, arch, m, N, K, sms)
         dispatch[label] = cfg.name
         if cfg.name in kernels:
             continue

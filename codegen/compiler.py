@@ -256,6 +256,37 @@ def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
     return Compiled(cubin, name, source, log, plan, arch)
 
 
+def spills(compiled: List[Compiled]) -> bool:
+    """Whether ptxas gave any kernel of a config local memory (spills or a
+    stack frame)."""
+    return any(c.resources.get("spill_bytes", 0) or c.resources.get("stack", 0) for c in compiled)
+
+
+# How many heuristic picks default_config compiles before it settles for one that spills.
+DEFAULT_PICK_TRIES = 4
+
+
+def default_config(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] = None
+                   ) -> planner.Config:
+    """What runs without a tuning record: the heuristic's pick, passing over
+    configs whose compiled kernels spill (ptxas's report; the heuristic's
+    register rules do not foresee every case) for its next pick, up to
+    DEFAULT_PICK_TRIES; if all of those spill, its first. `opgen build` and
+    the op both choose by it (the kernels are compiled anyway; the cache
+    keeps them)."""
+    passed = []
+    cfg = planner.heuristic(spec, arch, M, N, K, sms)
+    for _ in range(DEFAULT_PICK_TRIES):
+        if not spills(compile_config(spec, cfg, arch)):
+            return cfg
+        passed.append(cfg)
+        try:
+            cfg = planner.heuristic(spec, arch, M, N, K, sms, exclude=frozenset(passed))
+        except planner.PlanError:
+            break
+    return passed[0]
+
+
 def compile_config(spec: Spec, cfg: Optional[planner.Config], arch: str) -> List[Compiled]:
     """Every kernel one config launches, in launch order (planner.stages):
     one, or for a predecode config the dequant stage and the dense GEMM

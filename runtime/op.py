@@ -10,7 +10,7 @@ import warnings
 from typing import Dict, Optional
 
 from ..codegen import hw, planner
-from ..codegen.compiler import CompileError
+from ..codegen.compiler import CompileError, default_config
 from ..codegen.buckets import bucket_of, representative_M
 from ..codegen.errors import UserError
 from ..codegen.spec import Activation, Output, Spec, stored_shapes
@@ -56,11 +56,12 @@ class MatmulOp:
             k = self._kernels[label] = self._make_kernel(label)
         return k
 
-    def choose(self, label: str, from_db: bool = True) -> planner.Config:
+    def choose(self, label: str, from_db: bool = True, compiled: bool = True) -> planner.Config:
         """The config of M bucket `label`: the tuning DB's winner, else the
-        planner's heuristic pick for this GPU's SM count (self.sources says
-        which). The one place that makes this choice (the bench's precompile
-        asks it too)."""
+        planner's heuristic pick for this GPU's SM count, passing over picks
+        that spill (compiler.default_config; compiled=False: the first pick,
+        without compiling it). self.sources says which. The one place that
+        makes this choice (the bench's precompile asks it too)."""
         if self.use_db and from_db:
             try:
                 db = self.db if self.db is not None else TuningDB()
@@ -71,8 +72,10 @@ class MatmulOp:
             except Exception:   # a broken DB never breaks the op: fall back
                 pass
         self.sources[label] = "heuristic"
-        return planner.heuristic(self.spec, self.arch, representative_M(label), self.N, self.K,
-                                 sms=self.sms)
+        M = representative_M(label)
+        if not compiled:
+            return planner.heuristic(self.spec, self.arch, M, self.N, self.K, sms=self.sms)
+        return default_config(self.spec, self.arch, M, self.N, self.K, sms=self.sms)
 
     def _make_kernel(self, label: str) -> Kernel:
         cfg = self.choose(label)

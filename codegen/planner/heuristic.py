@@ -3,12 +3,12 @@ fitted to measurements on the H200 (docs/performance.md#heuristic); the
 tuner replaces its picks per shape."""
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import FrozenSet, List, Optional, Tuple
 
 from .. import hw
 from ..lower import numerics, vector, weight_layout
 from ..spec import Spec
-from .config import Config
+from .config import Config, PlanError
 from .gemv import gemv_run
 from .registry import blocks
 from .rs import RS_TILES_M
@@ -54,7 +54,8 @@ def _tma_score(c: Config, M: int, N: int, sms: int, speed) -> tuple:
             c.raster != (8 if M > c.BM else 0), -c.stages)
 
 
-def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] = None) -> Config:
+def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] = None,
+              exclude: FrozenSet[Config] = frozenset()) -> Config:
     """A reasonable pick without tuning: for weights stored [N, K] and
     M = 2-16 the tensor-core GEMV; for decode (M <= 4) the GEMV whose
     grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
@@ -67,9 +68,13 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     slices. The rules follow the sweeps and tuning logs told in
     docs/performance.md#heuristic; the tuner replaces them per shape.
     sms: the device's SM count (runtime: device.sm_count(); None: the arch's
-    planned device, hw.planned_device)."""
+    planned device, hw.planned_device). exclude: configs not to pick (those
+    whose kernels ptxas spilled: compiler.default_config)."""
     sms = sms or hw.planned_device(arch).sms
-    cands = candidates(spec, arch, M, N, K, sms)
+    cands = [c for c in candidates(spec, arch, M, N, K, sms) if c not in exclude]
+    if not cands:
+        raise PlanError(f"{spec.name}: no kernel configuration fits M={M} N={N} K={K} on {arch} "
+                        f"once {len(exclude)} excluded ones are left out")
     tc = [c for c in cands if c.tc]
     if 2 <= M <= 16 and tc:
         # Measured (w4a16_sym 8192^2): M = 4 19.7 us, M = 16 28.8 us (the

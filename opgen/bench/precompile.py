@@ -26,7 +26,9 @@ def compile_jobs(specs, shapes, Ms, db, use_db: bool, arch: str) -> List[tuple]:
                 continue
             for label in dict.fromkeys(bucket_of(M) for M in Ms):
                 try:
-                    jobs[spec, op.choose(label)] = None
+                    # the heuristic's first pick: a spilling one is passed over (and
+                    # its successor compiled) when the op first runs it
+                    jobs[spec, op.choose(label, compiled=False)] = None
                 except Exception:
                     continue
         if spec.a.scale == "row":      # the quantize kernel of opgen's fused linear

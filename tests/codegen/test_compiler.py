@@ -278,3 +278,34 @@ def test_cache_is_keyed_by_the_headers_content_not_their_path(tmp_path, monkeypa
     compiler.compile_kernel(s, cfg, "sm_90")
     mode = next((tmp_path / "cubin").glob("*.cubin")).stat().st_mode & 0o777
     assert mode == 0o666 & ~compiler._umask()
+
+
+def test_default_config_passes_over_picks_that_spill(tmp_path, monkeypatch):
+    """The heuristic's pick for w4a16_sym at M = 1 on sm_90 (the prefetching
+    row GEMV, 16 bytes of spills) is passed over for its next pick, whose
+    kernel keeps everything in registers; GPTQ's 2-4 pick on sm_80 likewise."""
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
+    for name, arch, M in (("w4a16_sym_g128", "sm_90", 1), ("gptq_v2_w4a16_g128", "sm_80", 4)):
+        s = spec(name)
+        first = planner.heuristic(s, arch, M, 4096, 4096)
+        assert compiler.spills(compiler.compile_config(s, first, arch))
+        cfg = compiler.default_config(s, arch, M, 4096, 4096)
+        assert cfg != first and not compiler.spills(compiler.compile_config(s, cfg, arch))
+
+
+def test_default_config_settles_for_the_first_pick_when_all_spill(monkeypatch):
+    s = spec("w4a16_sym_g128")
+    tried = []
+
+    def every_one_spills(spec_, cfg, arch):
+        tried.append(cfg)
+        return [FakeCompiled({"spill_bytes": 8})]
+    monkeypatch.setattr(compiler, "compile_config", every_one_spills)
+    first = planner.heuristic(s, "sm_90", 1, 4096, 4096)
+    assert compiler.default_config(s, "sm_90", 1, 4096, 4096) == first
+    assert len(tried) == compiler.DEFAULT_PICK_TRIES and len(set(tried)) == len(tried)
+
+
+class FakeCompiled:
+    def __init__(self, resources):
+        self.resources = resources

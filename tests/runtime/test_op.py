@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import opgen
-from opgen.codegen.compiler import CompileError
+from opgen.codegen import planner
+from opgen.codegen.compiler import CompileError, default_config
 from opgen.codegen.errors import UserError
 from opgen.codegen.random_data import random_activation, random_weight_tensors
 from opgen.codegen.reference import quantize_activation, reference_matmul_f32
@@ -192,3 +193,10 @@ def test_load_takes_numpy_integer_sizes():
 def test_quantize_op_refuses_sizes_it_would_truncate_or_overflow(K, match):
     with pytest.raises(UserError, match=match):
         opgen.load("quantize_int8_row", K=K, arch="sm_90")
+
+
+def test_without_a_record_the_op_runs_the_pick_that_does_not_spill():
+    op = opgen.load("w4a16_sym_g128", N=4096, K=4096, arch="sm_90", use_db=False)
+    first = op.choose("1", compiled=False)
+    assert first == planner.heuristic(op.spec, "sm_90", 1, 4096, 4096)
+    assert op.config_for(1) == default_config(op.spec, "sm_90", 1, 4096, 4096) != first

@@ -72,3 +72,13 @@ def test_sm_count_is_the_callers():
     planned = planner.heuristic(s, "sm_90", 64, 4096, 4096, hw.planned_device("sm_90").sms)
     assert planner.heuristic(s, "sm_90", 64, 4096, 4096) == planned
     assert planner.heuristic(s, "sm_90", 64, 4096, 4096, sms=16) != planned
+
+
+def test_excluded_configs_are_never_picked():
+    s = spec("w4a16_sym_g128")
+    first = planner.heuristic(s, "sm_90", 1, 4096, 4096)
+    second = planner.heuristic(s, "sm_90", 1, 4096, 4096, exclude=frozenset([first]))
+    assert second != first and second.family == first.family
+    every = frozenset(planner.candidates(s, "sm_90", 1, 4096, 4096))
+    with pytest.raises(planner.PlanError, match="excluded"):
+        planner.heuristic(s, "sm_90", 1, 4096, 4096, exclude=every)
