@@ -51,13 +51,24 @@ def _scratch(nbytes: int, stream_ptr: int):
     return buf
 
 
-def _values(args, values: dict, pointer, integer) -> list:
-    """The launch's arguments in the kernels' order (codegen/kernel_args.py):
-    ints as `integer`, pointers as `pointer` (absent or None: null), the rest
-    (the TMA tensor maps) as they are."""
-    return [integer(values[a.name]) if a.ctype == "int"
-            else pointer(values.get(a.name) or 0) if a.ctype.endswith("*")
-            else values[a.name] for a in args]
+def _converters(args, pointer, integer) -> tuple:
+    """(name, converter) of each argument in the kernels' order
+    (codegen/kernel_args.py), decided once rather than per launch: ints as
+    `integer`, pointers as `pointer`, the rest (the TMA tensor maps) as they
+    are."""
+    return tuple((a.name, integer if a.ctype == "int" else pointer if a.ctype.endswith("*")
+                  else (lambda x: x)) for a in args)
+
+
+_PLAIN_ARGS = _converters(ARGUMENTS, np.uint64, np.int32)
+_TMA_ARGS = _converters(TMA_ARGUMENTS, ctypes.c_uint64, ctypes.c_int32)
+
+
+def _values(converters: tuple, values: dict) -> list:
+    """The launch's argument values in order; an absent or None pointer is null.
+    (On every launch: one pass, no per-argument type test.)"""
+    get = values.get
+    return [conv(get(name) or 0) for name, conv in converters]
 
 
 class Kernel:
@@ -115,13 +126,13 @@ class Kernel:
         if self._tma is not None:
             self._launch_tma(dict(ptrs, ws=ws, counters=cnt), M, N, K, grid, smem, stream)
             return
-        args = _values(ARGUMENTS, dict(ptrs, ws=ws, counters=cnt, M=M, N=N, K=K), np.uint64, np.int32)
+        args = _values(_PLAIN_ARGS, {**ptrs, "ws": ws, "counters": cnt, "M": M, "N": N, "K": K})
         self.fn(grid, (self.plan.threads, 1, 1), tuple(args),
                 shared_mem=smem, stream=stream)
 
     def _launch_tma(self, ptrs: dict, M: int, N: int, K: int, grid, smem: int, stream) -> None:
         maps = dict(tmA=self._tma.a(ptrs["a"], M, K), tmB=self._tma.b(ptrs["b"], N, K))
-        args = _values(TMA_ARGUMENTS, dict(ptrs, **maps, M=M, N=N, K=K), ctypes.c_uint64, ctypes.c_int32)
+        args = _values(_TMA_ARGS, {**ptrs, **maps, "M": M, "N": N, "K": K})
         tma.launch(self.fn, grid, self.plan.threads, smem, stream.ptr, args)
 
     def __call__(self, a, tensors: dict, out, a_scale=None, bias=None, stream=None):

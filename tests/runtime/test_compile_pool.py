@@ -14,6 +14,8 @@ from opgen.codegen.resolve import as_spec
 from opgen.runtime import compile_pool
 from opgen.runtime.progress import Progress
 
+from compile_fakes import fake_compile_many
+
 SPEC = Spec(name="w4a16_fake", op="matmul", a=Activation("float16"),
             b=Weight("uint4", scale=Scale("float16", "group", 128)), out=Output("float16"))
 SPEC2 = Spec(name="w8a16_fake", op="matmul", a=Activation("float16"),
@@ -26,21 +28,6 @@ class FakeConfig:
 
 
 C = {n: FakeConfig(n) for n in ("a", "c", "nocompile", "boom", "pd1")}
-
-
-def fake_compile(spec, cfg, arch):
-    if cfg.name == "nocompile":
-        return "CompileError: uses too much shared memory"
-    if cfg.name == "boom":
-        raise ValueError("template bug")
-    return None
-
-
-def fake_compile_many(jobs, workers):
-    """Stands in for compiler.compile_many, in this process: (job, why) per job;
-    like the real one run in-process, an unexpected error propagates."""
-    for job in jobs:
-        yield job, fake_compile(*job)
 
 
 def test_compile_all_sequential_drops_a_crashing_config(monkeypatch):

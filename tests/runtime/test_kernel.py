@@ -105,14 +105,16 @@ def test_launch_values_follow_the_declared_arguments():
     are."""
     ptr, num = (lambda v: ("ptr", v)), (lambda v: ("int", v))
     values = dict(a=11, b=12, s=13, z=None, out=14, ws=15, counters=16, M=1, N=2, K=3)
-    assert kernel._values(ARGUMENTS, values, ptr, num) == [
+    assert kernel._values(kernel._converters(ARGUMENTS, ptr, num), values) == [
         ("ptr", 11), ("ptr", 0), ("ptr", 12), ("ptr", 13), ("ptr", 0), ("ptr", 0), ("ptr", 14),
         ("ptr", 15), ("ptr", 16), ("int", 1), ("int", 2), ("int", 3)]
     maps = dict(tmA=object(), tmB=object())
-    got = kernel._values(TMA_ARGUMENTS, dict(values, **maps), ptr, num)
+    got = kernel._values(kernel._converters(TMA_ARGUMENTS, ptr, num), dict(values, **maps))
     assert got[:2] == [maps["tmA"], maps["tmB"]]
     assert got[2:] == [("ptr", 0), ("ptr", 13), ("ptr", 0), ("ptr", 0), ("ptr", 14), ("ptr", 15),
                        ("ptr", 16), ("int", 1), ("int", 2), ("int", 3)]
+    assert [n for n, _ in kernel._PLAIN_ARGS] == [a.name for a in ARGUMENTS]
+    assert [n for n, _ in kernel._TMA_ARGS] == [a.name for a in TMA_ARGUMENTS]
 
 
 # --- on the GPU ----------------------------------------------------------------------------

@@ -32,6 +32,8 @@ from opgen.runtime.timing import Timing
 from opgen.runtime.tuner import tune, tune_many
 from opgen.runtime.tuning_db import TuningDB
 
+from compile_fakes import fake_compile, fake_compile_many
+
 SPEC = Spec(name="w4a16_fake", op="matmul", a=Activation("float16"),
             b=Weight("uint4", scale=Scale("float16", "group", 128)), out=Output("float16"))
 SPEC2 = Spec(name="w8a16_fake", op="matmul", a=Activation("float16"),
@@ -122,21 +124,6 @@ class FakeSession:
 
     def close(self):
         self.closed = True
-
-
-def fake_compile(spec, cfg, arch):
-    if cfg.name == "nocompile":
-        return "CompileError: uses too much shared memory"
-    if cfg.name == "boom":
-        raise ValueError("template bug")
-    return None
-
-
-def fake_compile_many(jobs, workers):
-    """Stands in for compiler.compile_many, in this process: (job, why) per job;
-    like the real one run in-process, an unexpected error propagates."""
-    for job in jobs:
-        yield job, fake_compile(*job)
 
 
 @pytest.fixture
