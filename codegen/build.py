@@ -15,9 +15,11 @@ from . import hw, planner
 from .buckets import BUCKETS, representative_M
 from .compiler import compile_config, compile_kernel, default_config, nvrtc_version
 from .errors import UserError
+from .canonical import spec_to_yaml_dict
 from .kernel_args import ARGUMENTS, TMA_ARGUMENTS
 from .planner.config import QUANTIZE_K_ALIGN, shape_problems
 from .spec import Spec
+from .transcode import steps
 
 # Where the plan is made for N or K left "any": the kernels take N and K at
 # run time (within the alignment rules), the tile choice assumes this size.
@@ -55,6 +57,7 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
         return _build_quantize(spec, out, arch)
     buckets = {str(M): M} if M else {label: representative_M(label) for _, _, label in BUCKETS}
     sms = hw.planned_device(arch).sms       # no GPU to ask: the device the arch is planned for
+    stored, spec = spec, planner.execution_spec(spec, arch)     # the kernels read the latter
     kernels: Dict[str, dict] = {}
     dispatch = {}
     written: List[Path] = []
@@ -78,8 +81,8 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
             # Launched first, on the same stream: writes the dense [N, K] weights
             # (activation dtype) that the GEMM then reads as its `b` (s, z null).
             kernels[cfg.name] = dict(kernels[cfg.name], config=cfg.to_dict(), before=before)
-    plan = dict(opgen=__version__, spec=spec.name, spec_hash=spec.content_hash(), arch=arch,
-                nvrtc=nvrtc_version(), N=N, K=K,
+    plan = dict(opgen=__version__, spec=stored.name, spec_hash=stored.content_hash(), arch=arch,
+                nvrtc=nvrtc_version(), N=N, K=K, execution=_execution(stored, spec),
                 alignment=f"K % {planner.K_ALIGN} == 0, N % {planner.N_ALIGN} == 0, "
                           "K % group == 0 (see docs/spec.md)",
                 arguments=[a.describe() for a in ARGUMENTS],
@@ -87,6 +90,16 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
     p = out / "plan.json"
     p.write_text(json.dumps(plan, indent=1) + "\n")
     return written + [p]
+
+
+def _execution(stored: Spec, spec: Spec) -> dict:
+    """plan.json's account of the execution layout: the spec the kernels
+    read, its weight's storage, and what the one-time transcode does to each
+    stored tensor (opgen.load's prepare)."""
+    weight = spec_to_yaml_dict(spec)["b"]
+    return dict(spec=spec.name, spec_hash=spec.content_hash(),
+                weight={k: weight[k] for k in ("layout", "pack", "scale", "zero") if k in weight},
+                transcode=steps(stored, spec))
 
 
 def _write(out: Path, stem: str, c) -> List[Path]:

@@ -7,12 +7,12 @@ np.uint16 bits, as everywhere in opgen) and returns a dict with "qweight",
 one) in the exact storage of the corresponding shipped spec, ready for
 `opgen.load(spec, N, K)` or `reference.dequantize(spec, tensors, N, K)`.
 
-AWQ is stored the way its shipped spec describes it, so loading it is
-validation plus passthrough; GPTQ's qweight is repacked (words transposed to
-[N, K/8], fields reordered) for the faster kernels of the *_repacked specs,
-unless spec= names the as-stored gptq_v{1,2}_w4a16_g128. bitsandbytes NF4
-is a reshape of the flat storage. HF BitNet packs along the wrong axis for
-the kernels, so it is repacked here, once, at load.
+GPTQ and AWQ are stored the way their shipped specs describe them, so
+loading them is validation plus passthrough (spec= another storage of the
+same weight: moved there by codegen.transcode); the op moves them into the
+kernels' layout. bitsandbytes NF4 is a reshape of the flat storage. HF
+BitNet packs four row blocks per byte, which the spec language has no
+pack for: its codes are read here and packed as bitnet_b158 stores them.
 
 Every mismatch raises a ValueError that starts with the checkpoint's own name
 for the tensor, e.g.
@@ -31,17 +31,17 @@ from .codegen.spec import (CONTAINER_BITS, NF4_TABLE, WEIGHT_CODES, Spec, codes_
                            stored_shapes)
 from .codegen.resolve import as_spec
 from .codegen.storage import encode_codes
+from .codegen.transcode import TranscodeError, transcode
 
 __all__ = ["FORMATS", "expected_tensors", "validate_tensors", "from_gptq", "from_awq",
            "from_bnb_nf4", "from_bitnet_hf", "convert", "sub_state"]
 
-# checkpoint format -> the shipped spec whose storage it converts to
-# (GPTQ's qweight is repacked by default: the repacked specs' kernels ran
-# 1.05x the as-stored ones at M = 1 and 2.0-2.6x at M = 16-256,
-# docs/performance.md#rs-gemm.)
+# checkpoint format -> the shipped spec that stores it as the checkpoint does
+# (the op and QuantLinear move it into the kernels' layout once, at load:
+# planner.execution_spec).
 FORMATS = {
-    "gptq_v1": "gptq_v1_w4a16_g128_repacked",
-    "gptq_v2": "gptq_v2_w4a16_g128_repacked",
+    "gptq_v1": "gptq_v1_w4a16_g128",
+    "gptq_v2": "gptq_v2_w4a16_g128",
     "awq": "awq_w4a16_g128",
     "bnb_nf4": "bnb_nf4",
     "bitnet_hf": "bitnet_b158",
@@ -216,59 +216,47 @@ def _check_g_idx(g_idx, K: int, group: int) -> None:
         f"Re-quantize with desc_act=False (or static_groups=True)")
 
 
-def _repack_k_words(words: np.ndarray, src: Spec, dst: Spec) -> np.ndarray:
-    """qweight of `src` -> that of `dst`, both eight 4-bit codes per int32
-    along k: a transpose of the words where the layouts differ and a
-    permutation of the fields, on the words themselves (a few copies of the
-    qweight in memory, where unpacking every code took 8 bytes per code)."""
-    u = words.view(np.uint32)
-    if src.b.layout != dst.b.layout:
-        u = np.ascontiguousarray(u.T)
-    out = np.zeros(u.shape, np.uint32)
-    src_field = {e: f for f, e in enumerate(src.b.pack.order)}
-    for f, e in enumerate(dst.b.pack.order):
-        out |= ((u >> np.uint32(4 * src_field[e])) & np.uint32(0xF)) << np.uint32(4 * f)
-    return out.view(np.int32)
-
-
-def _gptq_storage(w) -> Tuple:
-    """What a spec must share with GPTQ's storage to load it with one repack of
-    qweight: the codes, int32 words packed along k, the zeros, the scales' dtype
-    and layout."""
-    return (w.dtype, w.pack and (w.pack.container, w.pack.axis), w.zero,
-            w.scale and (w.scale.dtype, w.scale.layout))
-
-
 def from_gptq(state: Mapping, version: int, N: int, K: int, group: int = 128,
               spec: Union[Spec, str, None] = None) -> Dict[str, np.ndarray]:
     """GPTQ (AutoGPTQ / GPTQModel) 4-bit layer: qweight int32 [K/8, N],
     qzeros int32 [K/G, N/8] (format v1 stores z - 1, v2 stores z), scales
     float16 [K/G, N], optional g_idx [K] (must be k // G) and bias [N].
-    The shipped gptq_v{1,2}_w4a16_g128 specs store exactly this; by default
-    (FORMATS) qweight is repacked here, once, for gptq_v{1,2}_w4a16_g128_repacked
-    ([N, K/8], the order of the rs GEMM). Any spec that packs the codes
-    eight per int32 along k and stores GPTQ's scales and zeros will do."""
+    The shipped gptq_v{1,2}_w4a16_g128 specs (FORMATS) store exactly this;
+    spec= any spec storing the same weight another way (e.g. the *_repacked
+    ones) gets it moved there by codegen.transcode."""
     if version not in (1, 2):
         raise ValueError(f"version: GPTQ checkpoint format {version!r}, expected 1 or 2")
-    spec = as_spec(spec or FORMATS[f"gptq_v{version}"])
-    gptq = as_spec(f"gptq_v{version}_w4a16_g128")          # the checkpoint's storage
-    stored = dataclasses.replace(spec, b=dataclasses.replace(spec.b, layout=gptq.b.layout,
-                                                             pack=gptq.b.pack))
-    if _gptq_storage(spec.b) != _gptq_storage(gptq.b):
-        raise ValueError(f"spec: {spec.name} does not store GPTQ v{version}'s codes, scales and "
-                         f"zeros (uint4 eight per int32 along k; float16 scales [K/G, N]; "
-                         f"qzeros as {gptq.name})")
+    stored = as_spec(FORMATS[f"gptq_v{version}"])          # the checkpoint's storage
+    spec = as_spec(spec or stored)
     _check_group(spec, group, "group")
     t = {"qweight": _arr(state, "qweight"), "scales": _arr(state, "scales"),
          "zeros": _arr(state, "qzeros"), "bias": _arr(state, "bias")}
+    stored = _with_group(stored, group)
     validate_tensors(stored, t, N, K, names={"zeros": "qzeros"})
     _check_g_idx(state.get("g_idx"), K, group)
-    qweight = _as_int32(t["qweight"])
-    if stored != spec:
-        qweight = _repack_k_words(qweight, stored, spec)
-    out = {"qweight": qweight, "scales": np.ascontiguousarray(t["scales"]),
+    out = {"qweight": _as_int32(t["qweight"]), "scales": np.ascontiguousarray(t["scales"]),
            "zeros": _as_int32(t["zeros"])}
-    return _with_bias(out, state)
+    return _with_bias(_moved(stored, spec, out, N, K), state)
+
+
+def _with_group(spec: Spec, group: int) -> Spec:
+    """The checkpoint format's spec with the checkpoint's scale group (which
+    _check_group has matched with the target spec's)."""
+    if group == spec.b.scale.group:
+        return spec
+    return dataclasses.replace(spec, name=f"{spec.name} with group {group}", b=dataclasses.replace(
+        spec.b, scale=dataclasses.replace(spec.b.scale, group=group)))
+
+
+def _moved(stored: Spec, spec: Spec, tensors: Dict[str, np.ndarray], N: int, K: int) -> Dict:
+    """Tensors in `stored`'s storage -> `spec`'s (codegen.transcode), with a
+    message naming both specs when spec does not hold the same weight."""
+    if spec == stored:
+        return tensors
+    try:
+        return transcode(stored, spec, tensors, N, K)
+    except TranscodeError as e:
+        raise ValueError(f"spec: {spec.name} does not store this checkpoint's weight ({e})") from None
 
 
 # --- AWQ -----------------------------------------------------------------------------------
@@ -277,15 +265,18 @@ def from_awq(state: Mapping, N: int, K: int, group: int = 128,
              spec: Union[Spec, str, None] = None) -> Dict[str, np.ndarray]:
     """AutoAWQ GEMM layer: qweight int32 [K, N/8] and qzeros int32 [K/G, N/8],
     both packed along n in order 0,2,4,6,1,3,5,7; scales float16 [K/G, N];
-    optional bias. The shipped awq_w4a16_g128 spec stores exactly this."""
-    spec = as_spec(spec or FORMATS["awq"])
+    optional bias. The shipped awq_w4a16_g128 spec stores exactly this;
+    spec= another storage of the same weight gets it moved there."""
+    stored = as_spec(FORMATS["awq"])
+    spec = as_spec(spec or stored)
     _check_group(spec, group, "group")
+    stored = _with_group(stored, group)
     t = {"qweight": _arr(state, "qweight"), "scales": _arr(state, "scales"),
          "zeros": _arr(state, "qzeros"), "bias": _arr(state, "bias")}
-    validate_tensors(spec, t, N, K, names={"zeros": "qzeros"})
+    validate_tensors(stored, t, N, K, names={"zeros": "qzeros"})
     out = {"qweight": _as_int32(t["qweight"]), "scales": np.ascontiguousarray(t["scales"]),
            "zeros": _as_int32(t["zeros"])}
-    return _with_bias(out, state)
+    return _with_bias(_moved(stored, spec, out, N, K), state)
 
 
 # --- bitsandbytes NF4 ----------------------------------------------------------------------

@@ -28,10 +28,13 @@ from torch import nn
 from . import checkpoints as ck
 from .codegen import quantize_weight
 from .codegen import reference as R
-from .codegen.planner import check_shape
+from .codegen.planner import check_shape, execution_spec
 from .codegen.spec import Spec
 from .codegen.resolve import as_spec
-from .runtime.op import MatmulOp
+from .codegen.transcode import transcode
+from .runtime import arrays
+from .runtime.device import current_arch
+from .runtime.op import LAYOUTS, MatmulOp
 
 __all__ = ["QuantLinear", "replace_linear", "ReplaceReport", "quantize_activation", "matmul",
            "handle_for"]
@@ -49,9 +52,11 @@ class _Entry:
         self._op = None
 
     def op(self):
-        """The MatmulOp, built on first CUDA call (it needs a GPU to pick the arch)."""
+        """The MatmulOp, built on first CUDA call (it needs a GPU to pick the
+        arch). The layers hold the weight as the kernels read it (their
+        kernel spec, this entry's spec): the op takes it as it is."""
         if self._op is None:
-            self._op = MatmulOp(self.spec, self.N, self.K)
+            self._op = MatmulOp(self.spec, self.N, self.K, layout="stored")
         return self._op
 
 
@@ -153,21 +158,33 @@ def quantize_activation(x: torch.Tensor, target: str = "int8") -> Tuple[torch.Te
 _BUFFERS = ("qweight", "scales", "zeros", "bias")
 
 
+def _layout_arch() -> str:
+    """The arch whose execution layout a layer takes: the current GPU's, or
+    the planned one's without a GPU (every arch reads the same layout today:
+    planner.execution.LAYOUTS; the op says so loudly if that ever differs)."""
+    return current_arch() if torch.cuda.is_available() else "sm_90"
+
+
 class QuantLinear(nn.Module):
     """A Linear whose weight is stored in `spec`'s quantized format.
 
-    Buffers (so state_dict / load_state_dict / .to(device) work): qweight,
-    scales, zeros (those the spec stores) and bias (or None), in the spec's
-    storage dtypes; `model.half()` and friends move them but never cast them.
-    forward(x[..., K]) -> [..., N], in x's float dtype.
+    Given in the spec's storage (as the checkpoint holds it), the weight is
+    moved once, here, into the layout the kernels read (`kernel_spec`,
+    planner.execution_spec; layout="stored" keeps the spec's own). Buffers
+    (so state_dict / load_state_dict / .to(device) work): qweight, scales,
+    zeros (those the spec stores) and bias (or None), in kernel_spec's
+    storage dtypes; `model.half()` and friends move them but never cast
+    them. forward(x[..., K]) -> [..., N], in x's float dtype.
     """
 
     def __init__(self, spec: Union[Spec, str], in_features: int, out_features: int,
-                 qweight, scales=None, zeros=None, bias=None, device=None):
+                 qweight, scales=None, zeros=None, bias=None, device=None, layout: str = "execution"):
         super().__init__()
         spec = as_spec(spec)
         N, K = int(out_features), int(in_features)
         check_shape(spec, N, K)
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: {layout!r}, expected one of {', '.join(LAYOUTS)}")
         if spec.a.dtype in ("int8", "float8_e4m3") and spec.a.scale != "row":
             raise ValueError(f"spec {spec.name}: {spec.a.dtype} activations without per-row "
                              f"scales cannot be produced from float inputs")
@@ -177,11 +194,14 @@ class QuantLinear(nn.Module):
         given = {"qweight": qweight, "scales": scales, "zeros": zeros}
         ck.validate_tensors(spec, {k: v for k, v in given.items() if v is not None}, N, K)
         self.spec, self.spec_name = spec, spec.name
+        self.kernel_spec = execution_spec(spec, _layout_arch()) if layout == "execution" else spec
         self.in_features, self.out_features = K, N
-        self.handle = handle_for(spec, N, K)
+        self.handle = handle_for(self.kernel_spec, N, K)
         if device is None and isinstance(qweight, torch.Tensor):
             device = qweight.device
-        for name, t in given.items():
+        given = self._to_kernel_storage({k: _to_torch(v) for k, v in given.items() if v is not None})
+        for name in ("qweight", "scales", "zeros"):
+            t = given.get(name)
             self.register_buffer(name, None if t is None else _to_torch(t, device).contiguous())
         out_dt = _FLOAT[spec.out.dtype]
         if bias is None and spec.epilogue.bias:      # the kernel reads a bias: give it zeros
@@ -192,6 +212,15 @@ class QuantLinear(nn.Module):
                 raise ValueError(f"bias: shape {list(bias.shape)}, expected [{N}]")
             bias = bias.to(out_dt).contiguous()
         self.register_buffer("bias", bias)
+
+    def _to_kernel_storage(self, tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Tensors in spec's storage -> kernel_spec's (codegen.transcode, on
+        the tensors' device; bit-exact)."""
+        if self.kernel_spec is self.spec:
+            return tensors
+        return arrays.transcoded(
+            lambda t: transcode(self.spec, self.kernel_spec, t, self.out_features, self.in_features),
+            tensors)
 
     # --- constructors ---
 
@@ -248,19 +277,21 @@ class QuantLinear(nn.Module):
         return out.to(x.dtype) if x.is_floating_point() else out
 
     def extra_repr(self) -> str:
-        return (f"spec={self.spec_name}, in_features={self.in_features}, "
+        layout = "" if self.kernel_spec is self.spec else f", layout={self.kernel_spec.name}"
+        return (f"spec={self.spec_name}{layout}, in_features={self.in_features}, "
                 f"out_features={self.out_features}, bias={self.bias is not None}")
 
     def __setstate__(self, state):
         # handles are per process: a pickled (torch.save(model)) layer
         # registers its (spec, N, K) again in the process that unpickles it
         super().__setstate__(state)
-        self.handle = handle_for(self.spec, self.out_features, self.in_features)
+        self.handle = handle_for(self.kernel_spec, self.out_features, self.in_features)
 
     # --- state dict ---
 
     def get_extra_state(self):
         return {"spec": self.spec_name, "spec_hash": self.spec.content_hash(),
+                "layout": self.kernel_spec.name, "layout_hash": self.kernel_spec.content_hash(),
                 "in_features": self.in_features, "out_features": self.out_features}
 
     def set_extra_state(self, state):
@@ -272,6 +303,23 @@ class QuantLinear(nn.Module):
                                  f"{self.spec_name} {self.out_features}x{self.in_features}")
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Which storage the incoming tensors are in: the kernels' when the
+        # extra state says so; the spec's own (a checkpoint's, or what an
+        # opgen without execution layouts saved) when it names none.
+        extra = state_dict.get(prefix + "_extra_state")
+        if isinstance(extra, dict):
+            self.set_extra_state(extra)          # the same weight format and shape, first
+        saved = extra.get("layout_hash", self.spec.content_hash()) if isinstance(extra, dict) \
+            else self.spec.content_hash()
+        if saved != self.kernel_spec.content_hash():
+            if saved != self.spec.content_hash():
+                raise ValueError(f"{prefix}_extra_state: saved in layout {extra.get('layout')}, this "
+                                 f"layer runs {self.kernel_spec.name}")
+            given = {n: state_dict[prefix + n] for n in ("qweight", "scales", "zeros")
+                     if state_dict.get(prefix + n) is not None}
+            ck.validate_tensors(self.spec, given, self.out_features, self.in_features,
+                                names={n: prefix + n for n in given})
+            state_dict.update({prefix + n: t for n, t in self._to_kernel_storage(given).items()})
         # torch would silently cast a wrongly typed tensor into the buffer
         # (an int64 qweight, fp16 absmax): storage dtypes are part of the format
         for name in _BUFFERS:

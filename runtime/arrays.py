@@ -87,3 +87,50 @@ def stream_for(kind: str, ref):
         s = torch.cuda.current_stream(ref.device)
         return cupy.cuda.ExternalStream(s.cuda_stream)
     return cupy.cuda.get_current_stream()
+
+
+# --- host and device arrays for array code (codegen.transcode) -------------------------
+
+_INT_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _as_xp(x, what: str):
+    """x as a numpy or CuPy array sharing its memory (torch tensors through
+    DLPack, reinterpreted as the integer type of their width: CuPy has no
+    bfloat16 or fp8), and the way back to x's kind and dtype."""
+    mod = type(x).__module__.split(".")[0]
+    if mod in ("numpy", "cupy"):
+        return x, lambda y: y
+    if mod != "torch":
+        raise ValueError(f"{what}: expected a numpy or CuPy array or a torch tensor, got {type(x).__name__}")
+    import torch
+    bits = x.detach().contiguous()
+    bits = bits.view(getattr(torch, _INT_OF_SIZE[bits.element_size()]))
+    if bits.is_cuda:
+        import cupy
+        arr = cupy.from_dlpack(bits)
+    else:
+        arr = bits.numpy()
+
+    def back(y):
+        t = torch.from_dlpack(y) if x.is_cuda else torch.from_numpy(y)
+        t = t.to(x.device) if t.device != x.device else t
+        # same width as given: back to the given dtype (bfloat16 scales stay bfloat16)
+        return t.view(x.dtype) if t.element_size() == x.element_size() else t
+    return arr, back
+
+
+def transcoded(fn, tensors: dict) -> dict:
+    """fn (numpy or CuPy arrays in, of one kind out) run on `tensors` of any
+    supported kind, each result returned as the kind of the input of the same
+    name. CuPy work runs on the caller's current stream (torch's, for torch
+    tensors)."""
+    conv = {k: _as_xp(v, k) for k, v in tensors.items()}
+    arrs = {k: a for k, (a, _) in conv.items()}
+    first = next(iter(tensors.values()))
+    if type(first).__module__.split(".")[0] == "torch" and first.is_cuda:
+        with stream_for("torch", first):
+            out = fn(arrs)
+    else:
+        out = fn(arrs)
+    return {k: conv[k][1](v) if k in conv else v for k, v in out.items()}

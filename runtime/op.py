@@ -15,24 +15,53 @@ from ..codegen.buckets import bucket_of, representative_M
 from ..codegen.errors import UserError
 from ..codegen.spec import Activation, Output, Spec, stored_shapes
 from ..codegen.resolve import as_spec
+from ..codegen.transcode import transcode
 from . import arrays
 from .device import current_arch, planning_sms
 from .kernel import Kernel, QuantizeKernel
 from .tuning_db import TuningDB, make_key
 
 
+LAYOUTS = ("execution", "stored")
+
+
+class PreparedWeight:
+    """A weight moved into an op's execution layout (MatmulOp.prepare): its
+    tensors in the storage of `spec`, the op's kernel spec, at N x K, of
+    the kind (numpy, CuPy, torch) they were given as."""
+
+    def __init__(self, spec: Spec, N: int, K: int, tensors: Dict[str, object]):
+        self.spec, self.N, self.K, self.tensors = spec, N, K, tensors
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in self.tensors.items())
+        return f"PreparedWeight({self.spec.name}, N={self.N}, K={self.K}: {shapes})"
+
+
 class MatmulOp:
+    """out = a @ W^T for `spec` at N x K. The kernels run on the spec's
+    execution layout (planner.execution: the same weight stored as the
+    fastest kernels read it): `prepare` moves a weight there once, and calls
+    take what it returns. Where the spec already stores the weight that way
+    (or layout="stored" keeps the spec's own storage, with the kernels that
+    read it), calls take the spec's tensors as they are."""
+
     def __init__(self, spec: Spec, N: int, K: int, arch: Optional[str] = None, db=None,
-                 use_db: bool = True):
+                 use_db: bool = True, layout: str = "execution"):
         if spec.op != "matmul":
             raise UserError(f"{spec.name}: op {spec.op!r} is not a matmul (opgen.load gives quantize specs their own op)")
+        if layout not in LAYOUTS:
+            raise UserError(f"layout: {layout!r}, expected one of {', '.join(LAYOUTS)}")
         planner.check_shape(spec, N, K)
         self.spec, self.N, self.K = spec, int(N), int(K)       # (numpy integers too)
         self.arch = _arch(arch)
+        # What the kernels read; the DB's key and the kernels' names are its.
+        self.kernel_spec = planner.execution_spec(spec, self.arch) if layout == "execution" else spec
         self.sms = planning_sms()
         self.db, self.use_db = db, use_db
         self._kernels: Dict[str, object] = {}
         self.sources: Dict[str, str] = {}      # bucket -> "db" | "heuristic"
+        spec = self.kernel_spec
         w = spec.b
         self._shapes = stored_shapes(spec, N, K)
         # Unpacked codes by their meaning (fp8 as float8_e4m3fn or its uint8 bits: arrays.ACCEPT)
@@ -65,7 +94,7 @@ class MatmulOp:
         if self.use_db and from_db:
             try:
                 db = self.db if self.db is not None else TuningDB()
-                rec = db.lookup(make_key(self.spec, self.N, self.K, arch=self.arch), label)
+                rec = db.lookup(make_key(self.kernel_spec, self.N, self.K, arch=self.arch), label)
                 if rec is not None:
                     self.sources[label] = "db"
                     return planner.Config.from_dict(rec["config"])
@@ -74,24 +103,64 @@ class MatmulOp:
         self.sources[label] = "heuristic"
         M = representative_M(label)
         if not compiled:
-            return planner.heuristic(self.spec, self.arch, M, self.N, self.K, sms=self.sms)
-        return default_config(self.spec, self.arch, M, self.N, self.K, sms=self.sms)
+            return planner.heuristic(self.kernel_spec, self.arch, M, self.N, self.K, sms=self.sms)
+        return default_config(self.kernel_spec, self.arch, M, self.N, self.K, sms=self.sms)
 
     def _make_kernel(self, label: str) -> Kernel:
         cfg = self.choose(label)
         try:
-            return Kernel(self.spec, cfg, self.arch)
+            return Kernel(self.kernel_spec, cfg, self.arch)
         except CompileError as e:
             if self.sources[label] != "db":
                 raise
             # A record that renders as when it was tuned but that this NVRTC
             # refuses: the heuristic's kernel serves instead, and we say so.
-            warnings.warn(f"{self.spec.name}: tuned config {cfg.name} does not compile here "
+            warnings.warn(f"{self.kernel_spec.name}: tuned config {cfg.name} does not compile here "
                           f"({str(e).splitlines()[0]}); using the heuristic's pick")
-            return Kernel(self.spec, self.choose(label, from_db=False), self.arch)
+            return Kernel(self.kernel_spec, self.choose(label, from_db=False), self.arch)
+
+    def prepare(self, qweight, scales=None, zeros=None) -> PreparedWeight:
+        """The weight, given in the spec's storage, moved into the kernels'
+        (codegen.transcode: bit-exact, nothing re-quantized). Once per weight,
+        at load: CuPy arrays and torch CUDA tensors are moved on the GPU, on
+        the caller's current stream; numpy arrays and torch CPU tensors on the
+        CPU. The result is of the kind given."""
+        given = {k: v for k, v in (("qweight", qweight), ("scales", scales), ("zeros", zeros))
+                 if v is not None}
+        if self.kernel_spec is self.spec:
+            return PreparedWeight(self.spec, self.N, self.K, given)
+        moved = arrays.transcoded(lambda t: transcode(self.spec, self.kernel_spec, t, self.N, self.K),
+                                  given)
+        return PreparedWeight(self.kernel_spec, self.N, self.K, moved)
+
+    def _weights(self, qweight, scales, zeros) -> Dict[str, object]:
+        """The tensors the kernels read, from a call's arguments."""
+        if isinstance(qweight, PreparedWeight):
+            p = qweight
+            if scales is not None or zeros is not None:
+                raise ValueError("scales, zeros: a PreparedWeight holds them; pass it alone")
+            same = p.spec is self.kernel_spec or p.spec == self.kernel_spec
+            if not same or (p.N, p.K) != (self.N, self.K):
+                raise ValueError(f"weight: prepared for {p.spec.name} {p.N}x{p.K}, this op runs "
+                                 f"{self.kernel_spec.name} {self.N}x{self.K}")
+            return {"qweight": p.tensors.get("qweight"), "scales": p.tensors.get("scales"),
+                    "zeros": p.tensors.get("zeros")}
+        if self.kernel_spec is not self.spec:
+            # The same bytes could be read either way (an order of the fields,
+            # a square word grid): never guess which storage they are in.
+            raise UserError(
+                f"qweight: {self.spec.name}'s kernels read its execution layout "
+                f"({self.kernel_spec.name}): prepare the weight once, w = op.prepare(qweight, "
+                f"scales, zeros), and call op(a, w); or load with layout='stored' to run "
+                f"the kernels of the stored form")
+        return {"qweight": qweight, "scales": scales, "zeros": zeros}
 
     def __call__(self, a, qweight, scales=None, zeros=None, bias=None, a_scale=None, out=None):
-        spec = self.spec
+        """out [M, N] = a [M, K] @ W^T: qweight a PreparedWeight (from
+        prepare), or, where the kernels read the spec's own storage, its
+        qweight, scales and zeros."""
+        spec = self.kernel_spec
+        given = self._weights(qweight, scales, zeros)
         va = arrays.view(a, "a")
         if len(va.shape) != 2:
             raise ValueError(f"a: expected 2-D [M, K], got shape {list(va.shape)}")
@@ -100,7 +169,6 @@ class MatmulOp:
             raise ValueError("a: M must be at least 1")
         arrays.check(va, "a", (M, self.K), spec.a.dtype, None)
         dev = va.device
-        given = {"qweight": qweight, "scales": scales, "zeros": zeros}
         ptrs = {"a": va.ptr}
         for name, x in given.items():
             if name not in self._shapes:
@@ -179,9 +247,9 @@ def _arch(arch: Optional[str]) -> str:
 
 
 def load(spec_or_name, N: Optional[int] = None, K: Optional[int] = None, arch: Optional[str] = None,
-         db=None, use_db: bool = True):
+         db=None, use_db: bool = True, layout: str = "execution"):
     """The op for `spec` (a Spec, a shipped spec name or a YAML path): a MatmulOp
-    at N x K, or for op quantize a QuantizeOp over rows of K."""
+    at N x K (layout: MatmulOp's), or for op quantize a QuantizeOp over rows of K."""
     spec = as_spec(spec_or_name)
     if K is None:
         raise UserError(f"{spec.name}: K is required")
@@ -189,7 +257,7 @@ def load(spec_or_name, N: Optional[int] = None, K: Optional[int] = None, arch: O
         return QuantizeOp(spec, K, arch=arch)
     if N is None:
         raise UserError(f"{spec.name}: N is required")
-    return MatmulOp(spec, N, K, arch=arch, db=db, use_db=use_db)
+    return MatmulOp(spec, N, K, arch=arch, db=db, use_db=use_db, layout=layout)
 
 
 class QuantizedLinearOp:
@@ -203,6 +271,9 @@ class QuantizedLinearOp:
             raise UserError(f"{spec.name}: needs int8/fp8 activations with a per-row scale")
         self.quantize = QuantizeOp(quantize_spec(spec, input_dtype), K, arch=kw.get("arch"))
         self.matmul = MatmulOp(spec, N, K, **kw)
+
+    def prepare(self, qweight, scales=None, zeros=None) -> PreparedWeight:
+        return self.matmul.prepare(qweight, scales, zeros)
 
     def __call__(self, x, qweight, scales=None, zeros=None, bias=None, out=None):
         codes, a_scale = self.quantize(x)

@@ -175,11 +175,13 @@ def _plan(spec, arch, N, K, Ms: Dict[str, int]) -> List[_BucketPlan]:
 
 def _plan_pairs(specs, shapes, Ms, arch, device_name, nvrtc) -> List[_Pair]:
     """Every (spec, shape), spec by spec (a spec's kernels stay loaded for all
-    its shapes).  A shape the planner refuses for a spec (PlanError) is
-    reported on that pair, and the others go on."""
+    its shapes).  What is tuned is the spec the op runs there, its execution
+    spec (planner.execution).  A shape the planner refuses for a spec
+    (PlanError) is reported on that pair, and the others go on."""
     pairs = []
-    for spec in specs:
+    for given in specs:
         for N, K in shapes:
+            spec = planner.execution_spec(given, arch)
             key = make_key(spec, N, K, arch=arch, device=device_name)
             pair = _Pair(spec, int(N), int(K), TuneResults(key, spec.name, int(N), int(K)), nvrtc)
             try:

@@ -6,11 +6,13 @@ family (gemm, tma, rs, gemv, dequant: one module each, behind
 registry.FAMILIES) derives its template constants from (spec, config) and
 rejects what cannot work, with the reason (`geometry`); `plan` turns them
 into the typed `Launch` that render, build and the runtime read.
-`candidates` enumerates the valid configs for a shape (space.py), and
+`execution_spec` says how the kernels want a spec's weight stored
+(execution.py). `candidates` enumerates the valid configs for a shape (space.py), and
 `heuristic` picks one (heuristic.py) from rules fitted to the measurements
 in hw.py.
 """
 from .config import K_ALIGN, N_ALIGN, Config, PlanError, check_shape
+from .execution import EXECUTION_SUFFIX, LAYOUTS, execution_spec
 from .dequant import DEQUANT, DEQUANT_KSPLIT, DEQUANT_THREADS, dense_twin, stages
 from .heuristic import gemv_fill, heuristic, predecode_from
 from .launch import Axis, Family, GridRule, Launch, TmaBoxes
@@ -23,6 +25,7 @@ from .tma import TMA_BLOCK_REGS, TMA_CONSUMER_REGS, TMA_DECODE_REGS, TMA_PRODUCE
 
 __all__ = [
     "K_ALIGN", "N_ALIGN", "Config", "PlanError", "check_shape",
+    "EXECUTION_SUFFIX", "LAYOUTS", "execution_spec",
     "DEQUANT", "DEQUANT_KSPLIT", "DEQUANT_THREADS", "dense_twin", "stages",
     "gemv_fill", "heuristic", "predecode_from",
     "Axis", "Family", "GridRule", "Launch", "TmaBoxes",

@@ -7,7 +7,9 @@ activations (quantize + GEMM).  `session` is a runtime.workbench.Session
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Sequence
+import statistics
+import time
+from typing import Callable, List, Optional, Sequence
 
 from ..codegen.buckets import bucket_of
 from ..codegen.tolerance import BENCH_FACTOR, tolerance
@@ -50,7 +52,15 @@ def time_spec(session, spec, N: int, K: int, Ms: Sequence[int], *, db, use_db: b
     tol = BENCH_FACTOR * tolerance(spec)
     try:
         op = ops.load(spec, N=N, K=K, db=db, use_db=use_db)
-        problem = session.problem(spec, N, K, seed, mem_cap)
+        prepare_ms = _time_prepare(session, op, seed, mem_cap)
+        if op.kernel_spec is not op.spec:
+            # Timed on weights drawn in the storage the kernels read: the
+            # transcode there is bit-exact (codegen/transcode.py), and its own
+            # time is the row's prepare_ms.
+            for r in rows.values():
+                r.update(layout=op.kernel_spec.name, prepare_ms=prepare_ms)
+            op = ops.load(op.kernel_spec, N=N, K=K, db=db, use_db=use_db)
+        problem = session.problem(op.spec, N, K, seed, mem_cap)
     except Exception as e:
         for r in rows.values():
             r["error"] = "setup: " + short_error(e)
@@ -59,7 +69,7 @@ def time_spec(session, spec, N: int, K: int, Ms: Sequence[int], *, db, use_db: b
     lin = lin_error = None
     if spec.a.scale == "row":
         try:
-            lin = ops.load_linear(spec, N, K, input_dtype=LINEAR_INPUT, db=db, use_db=use_db)
+            lin = ops.load_linear(op.spec, N, K, input_dtype=LINEAR_INPUT, db=db, use_db=use_db)
         except Exception as e:
             lin_error = short_error(e)
     try:
@@ -90,6 +100,26 @@ def time_spec(session, spec, N: int, K: int, Ms: Sequence[int], *, db, use_db: b
     finally:
         problem.close()
     return [rows[M] for M in Ms]
+
+
+def _time_prepare(session, op, seed: int, mem_cap: int, repeats: int = 5) -> Optional[float]:
+    """Median milliseconds of op.prepare on a whole layer stored as op.spec
+    stores it, on the session's device; None when the kernels read the
+    spec's own storage."""
+    if op.kernel_spec is op.spec:
+        return None
+    stored = session.problem(op.spec, op.N, op.K, seed, mem_cap)
+    try:
+        times = []
+        for _ in range(repeats):
+            session.synchronize()
+            t0 = time.perf_counter()
+            op.prepare(**stored.w_sets[0])
+            session.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        stored.close()
+    return round(statistics.median(times), 3)
 
 
 def _time_linear(problem, lin, r: dict, M: int, verify: bool, tol: float, budget_ms: float,

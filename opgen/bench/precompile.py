@@ -28,7 +28,7 @@ def compile_jobs(specs, shapes, Ms, db, use_db: bool, arch: str) -> List[tuple]:
                 try:
                     # the heuristic's first pick: a spilling one is passed over (and
                     # its successor compiled) when the op first runs it
-                    jobs[spec, op.choose(label, compiled=False)] = None
+                    jobs[op.kernel_spec, op.choose(label, compiled=False)] = None
                 except Exception:
                     continue
         if spec.a.scale == "row":      # the quantize kernel of opgen's fused linear

@@ -93,6 +93,18 @@ def linear_table(rows: Sequence[dict]) -> str:
                    "vs BMINF", "check"], body, "llrrrrrl")
 
 
+def prepare_table(rows: Sequence[dict]) -> str:
+    """The one-time move of each weight stored otherwise than its kernels
+    read it (MatmulOp.prepare on the GPU); "" when no spec needed one."""
+    seen = {}
+    for r in rows:
+        if "layout" in r:
+            seen.setdefault((r["spec"], r["N"], r["K"]), r)
+    body = [[spec, f"{N}x{K}", r["layout"], _fmt_us(r.get("prepare_ms"))]
+            for (spec, N, K), r in seen.items()]
+    return _table(["spec", "N x K", "runs as", "prepare ms"], body, "lllr") if body else ""
+
+
 def targets_section(targets: Sequence[dict]) -> str:
     n_met = sum(t["status"] == "met" for t in targets)
     n_missed = sum(t["status"] == "missed" for t in targets)
@@ -155,6 +167,13 @@ def markdown(results: dict) -> str:
                   "ops, `torch._int_mm`, scaling); the GEMM column is opgen on pre-quantized "
                   "activations. `torch._int_mm` needs M > 16, so below that it (and BMINF) run "
                   "on 17 rows, the padding a caller must add.", "", lin]
+    prep = prepare_table(results.get("rows", []))
+    if prep:
+        lines += ["", "## Execution layouts", "",
+                  "Specs stored otherwise than their kernels read them run as their execution "
+                  "spec (`opgen.load` picks it; the rows above are timed on it): the weight is "
+                  "moved there once, at load, by `op.prepare` (`codegen/transcode.py`, bit-exact). "
+                  "Its time on the GPU, whole layer, median of 5:", "", prep]
     if results.get("peer_rows"):
         lines += ["", "## Peers", "", peers_table(results["peer_rows"],
                                                   results.get("peers") or PEERS)]

@@ -71,8 +71,18 @@ def test_dynamic_M_plan(name, arch, tmp_path, monkeypatch):
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert (plan["spec"], plan["arch"], plan["N"], plan["K"]) == (name, arch, N, K)
     assert plan["spec_hash"] == s.content_hash()
+    # the kernels are the execution spec's, and the plan says how to get there
+    ks = planner.execution_spec(s, arch)
+    ex = plan["execution"]
+    assert (ex["spec"], ex["spec_hash"]) == (ks.name, ks.content_hash())
+    assert ex["weight"]["layout"] == "nt" and set(ex["transcode"]) <= {"qweight", "scales", "zeros"}
+    if name == "gptq_v2_w4a16_g128":
+        assert ex["transcode"]["qweight"] == "transposed, fields reordered"
+        assert ex["weight"]["pack"] == {"container": "int32", "axis": "k", "order": [0, 2, 4, 6, 1, 3, 5, 7]}
+    else:
+        assert ks is s and set(ex["transcode"].values()) == {"kept"}
     sms = hw.planned_device(arch).sms
-    picks = {label: planner.heuristic(s, arch, representative_M(label), N, K, sms) for label in LABELS}
+    picks = {label: planner.heuristic(ks, arch, representative_M(label), N, K, sms) for label in LABELS}
     assert plan["dispatch"] == {label: cfg.name for label, cfg in picks.items()}
     assert set(plan["kernels"]) == set(plan["dispatch"].values())
     for cfg_name, k in plan["kernels"].items():

@@ -41,13 +41,19 @@ def _sass_ops(cfg, a_dtype) -> tuple:
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("M", [16, 256, 4096])
-@pytest.mark.parametrize("name", [n for n in SPECS if spec(n).op == "matmul"])
-def test_default_sass_and_resources(name, M, arch):
+@pytest.mark.parametrize("name,layout", [(n, lay) for n in SPECS if spec(n).op == "matmul"
+                                         for lay in ("execution", "stored")
+                                         if lay == "execution" or planner.execution_spec(spec(n), "sm_90") != spec(n)])
+def test_default_sass_and_resources(name, layout, M, arch):
     """The heuristic's kernels for M = 16 (a GEMM or the tensor-core GEMV),
     256 (a GEMM) and 4096 (a GEMM, or for decoded weights the predecode pair:
-    dequant + dense GEMM): no spills, the tensor-core / ldmatrix / cp.async
-    instructions present, no local memory."""
+    dequant + dense GEMM), in the layout opgen.load runs (and, where the
+    spec stores its weight otherwise, the stored form's, layout="stored"):
+    no spills, the tensor-core / ldmatrix / cp.async instructions present,
+    no local memory."""
     s = spec(name)
+    if layout == "execution":
+        s = planner.execution_spec(s, arch)
     cfg = planner.heuristic(s, arch, M, 4096, 4096)
     assert cfg.family == "gemm" or (M == 16 and cfg.tc)
     for (stage_spec, stage_cfg), c in zip(planner.stages(s, cfg), compiler.compile_config(s, cfg, arch)):
@@ -115,7 +121,8 @@ def test_tma_decode_sass_and_resources(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name,table", [("w4a16_sym_g128", planner.RS_REGS),
                                         ("gptq_v1_w4a16_g128_repacked", planner.RS_REGS_INT_ZERO),
-                                        ("gptq_v2_w4a16_g128_repacked", planner.RS_REGS_INT_ZERO)])
+                                        ("gptq_v2_w4a16_g128_repacked", planner.RS_REGS_INT_ZERO),
+                                        ("awq_w4a16_g128", planner.RS_REGS_INT_ZERO)])
 def test_rs_gemm_sass_and_resources(name, table):
     """Every kind of rs GEMM config the tuner may time (each tile, k-tile
     depth and k-group count, in its deepest ring): no spills or local memory,
@@ -123,8 +130,9 @@ def test_rs_gemm_sass_and_resources(name, table):
     wgmma (C7513: fragment registers written while one is in flight), the
     setmaxnreg split fits the launch. And with the planner's register table
     (RS_REGS; with integer zero points its own) no config spills, in the
-    deepest ring and the shallowest (the depth moves a register or two)."""
-    s = spec(name)
+    deepest ring and the shallowest (the depth moves a register or two).
+    AWQ in its execution layout: its zero points as AWQ packs them."""
+    s = planner.execution_spec(spec(name), "sm_90")
     rings = {}
     for M in (16, 64, 256):
         for c in planner.candidates(s, "sm_90", M, 8192, 8192):

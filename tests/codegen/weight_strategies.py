@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 
 import numpy as np
 from hypothesis import HealthCheck
@@ -100,20 +101,47 @@ def weights(draw):
                draw(st.sampled_from(("(q - z) * s", "q * s - z"))), codebook, cbits)
 
     # the smallest shape the packing and grouping allow, times 1 or 2
-    n_req, k_req = [1], [1]
-    if pack:
-        (k_req if pack.axis == "k" else n_req).append(P)
-    if scale and scale.granularity == "group":
-        k_req.append(scale.group)
-    if zero.kind == "int" and zero.pack:
-        Pz = CONTAINER_BITS[zero.pack.container] // WEIGHT_CODES[zero.dtype].bits
-        if zero.pack.axis == "n":
-            n_req.append(Pz)
-        else:
-            k_req.append(scale.group * Pz)
-    N = _lcm(*n_req) * draw(st.integers(1, 2)) * (1 if _lcm(*n_req) >= 8 else 8)
-    K = _lcm(*k_req) * draw(st.integers(1, 2)) * (1 if _lcm(*k_req) >= 16 else 16)
-    return w, N, K
+    n_min, k_min = min_shape(w)
+    return w, n_min * draw(st.integers(1, 2)), k_min * draw(st.integers(1, 2))
+
+
+def min_shape(*ws: Weight):
+    """The smallest (N, K) that every weight's packing and grouping allow
+    (at least 8 x 16)."""
+    n_req, k_req = [8], [16]
+    for w in ws:
+        pack, scale, zero = w.pack, w.scale, w.zero
+        if pack:
+            P = CONTAINER_BITS[pack.container] // weight_code(w).bits
+            (k_req if pack.axis == "k" else n_req).append(P)
+        if scale and scale.granularity == "group":
+            k_req.append(scale.group)
+        if zero.kind == "int" and zero.pack:
+            Pz = CONTAINER_BITS[zero.pack.container] // WEIGHT_CODES[zero.dtype].bits
+            if zero.pack.axis == "n":
+                n_req.append(Pz)
+            else:
+                k_req.append(scale.group * Pz)
+    return _lcm(*n_req), _lcm(*k_req)
+
+
+@st.composite
+def restored(draw, w: Weight) -> Weight:
+    """w stored another way: layout, packing, scale layout and zero packing
+    drawn anew, the meaning (codes, scales, zero points) kept."""
+    bits = weight_code(w).bits
+    pack = draw(_pack(bits)) if w.pack is not None else None
+    if pack is not None and w.scale is not None and w.scale.granularity == "group" \
+            and pack.axis == "k" and w.scale.group % (CONTAINER_BITS[pack.container] // bits):
+        pack = Pack("uint8", pack.axis, tuple(draw(st.permutations(range(8 // bits)))))
+    scale = w.scale and replace(w.scale, layout=draw(st.sampled_from(("kn", "nk"))))
+    zero = w.zero
+    if zero.pack is not None:
+        zpack = draw(_pack(WEIGHT_CODES[zero.dtype].bits))
+        if scale.granularity == "channel":
+            zpack = Pack(zpack.container, "n", zpack.order)
+        zero = replace(zero, pack=zpack)
+    return replace(w, layout=draw(st.sampled_from(("nt", "nn"))), pack=pack, scale=scale, zero=zero)
 
 
 def storage_dtype(w: Weight):

@@ -12,6 +12,8 @@ from opgen.bench import opgen_rows
 from opgen.bench.report import markdown
 from opgen.bench.roofline import finish_row
 from opgen.codegen import numerics as nx
+from opgen.codegen import planner
+from opgen.codegen.transcode import transcode
 from opgen.codegen.buckets import bucket_of
 from opgen.codegen.reference import quantize_activation, reference_matmul_f32
 from opgen.runtime import op as op_mod
@@ -22,8 +24,15 @@ class FakeOp:
 
     def __init__(self, spec, N, K, wrong=False):
         self.spec, self.N, self.K, self.wrong = spec, N, K, wrong
+        self.kernel_spec = planner.execution_spec(spec, "sm_90")
         self.sources = {}
         self.calls = 0
+
+    def prepare(self, qweight, scales=None, zeros=None):
+        given = {k: v for k, v in (("qweight", qweight), ("scales", scales), ("zeros", zeros))
+                 if v is not None}
+        return op_mod.PreparedWeight(self.kernel_spec, self.N, self.K,
+                                     transcode(self.spec, self.kernel_spec, given, self.N, self.K))
 
     def kernel_for(self, M):
         self.sources[bucket_of(M)] = "heuristic"
@@ -85,7 +94,13 @@ def test_time_spec(monkeypatch, name):
             assert r["opgen_linear_us"] == FAKE_US and r["linear_verified"] is True, r
         else:
             assert "opgen_linear_us" not in r and "opgen_linear_error" not in r
-    assert ops[0].calls == len(Ms) * (1 + 3)     # one checked call + 3 timed launches, per M
+        # stored otherwise than its kernels read it: timed in the kernels'
+        # layout (a second op), the one-time move timed as prepare_ms
+        moved = name in ("gptq_v2_w4a16_g128", "awq_w4a16_g128")
+        assert (r.get("layout") == name + "_exec") == moved and ("prepare_ms" in r) == moved
+        assert not moved or r["prepare_ms"] > 0
+    timed = ops[-1] if name in ("gptq_v2_w4a16_g128", "awq_w4a16_g128") else ops[0]
+    assert timed.calls == len(Ms) * (1 + 3)     # one checked call + 3 timed launches, per M
 
 
 def test_linear_failure_is_recorded(monkeypatch):

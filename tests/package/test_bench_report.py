@@ -4,8 +4,8 @@ import json
 
 from bench_fakes import MEAS, SYNTH, spec
 from opgen.bench.plan import PEERS, shipped_matmul_specs
-from opgen.bench.report import (PLOT_COLOURS, linear_table, markdown, plot_styles, results_table,
-                                write_outputs)
+from opgen.bench.report import (PLOT_COLOURS, linear_table, markdown, plot_styles, prepare_table,
+                                results_table, write_outputs)
 from opgen.bench.roofline import finish_row
 from opgen.bench.targets import evaluate_targets
 
@@ -83,3 +83,18 @@ def test_plot_styles_tell_specs_apart():
     shipped = plot_styles(shipped_matmul_specs())
     assert len({c for c, _, _ in shipped.values()}) == min(len(shipped), len(PLOT_COLOURS))
     assert len({m for _, m, _ in shipped.values()}) > 1
+
+
+def test_execution_layouts_section():
+    """Rows timed in the kernels' layout say so, and the one-time move's time
+    is listed once per (spec, shape)."""
+    res = _results()
+    assert "## Execution layouts" not in markdown(res)
+    for r in res["rows"]:
+        if r["spec"] == "gptq_v2_w4a16_g128":
+            r.update(layout="gptq_v2_w4a16_g128_exec", prepare_ms=1.25)
+    table = prepare_table(res["rows"]).splitlines()
+    assert table[0] == "| spec | N x K | runs as | prepare ms |"
+    assert len(table) == 2 + len({(r["N"], r["K"]) for r in res["rows"] if "layout" in r})
+    assert "| gptq_v2_w4a16_g128 | 8192x8192 | gptq_v2_w4a16_g128_exec | 1.25 |" in table
+    assert "## Execution layouts" in markdown(res)

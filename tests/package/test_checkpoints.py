@@ -71,17 +71,17 @@ def gptq_dequant(st: dict, v1: bool) -> np.ndarray:
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("sym", [False, True])
 def test_gptq(version, sym):
-    """By default into the repacked spec; with spec= the as-stored one, the
-    tensors passed through."""
+    """By default into the as-stored spec, the tensors passed through; with
+    spec= the repacked one, moved there (codegen.transcode)."""
     st = gptq_checkpoint(_rng(f"gptq{version}{sym}"), version == 1, sym)
-    for name in (f"gptq_v{version}_w4a16_g128_repacked", f"gptq_v{version}_w4a16_g128"):
-        t = ck.from_gptq(st, version, N, K, group=G, **({} if name.endswith("repacked") else {"spec": name}))
+    assert ck.FORMATS[f"gptq_v{version}"] == f"gptq_v{version}_w4a16_g128"
+    for name in (f"gptq_v{version}_w4a16_g128", f"gptq_v{version}_w4a16_g128_repacked"):
+        t = ck.from_gptq(st, version, N, K, group=G, **({} if not name.endswith("repacked") else {"spec": name}))
         spec = as_spec(name)
         assert set(t) == {"qweight", "scales", "zeros", "bias"}
         assert np.array_equal(R.dequantize(spec, t, N, K), gptq_dequant(st, version == 1))
-        assert t["bias"] is st["bias"] or np.array_equal(t["bias"], st["bias"])
-    assert ck.FORMATS[f"gptq_v{version}"] == f"gptq_v{version}_w4a16_g128_repacked"
-    assert np.array_equal(t["qweight"], st["qweight"])
+        if name == ck.FORMATS[f"gptq_v{version}"]:
+            assert np.array_equal(t["qweight"], st["qweight"])
 
 
 @pytest.mark.parametrize("sym", [False, True])
@@ -101,11 +101,13 @@ def test_gptq_repacked(sym):
     assert t["zeros"] is st["qzeros"] or np.array_equal(t["zeros"], st["qzeros"])
     spec2, t2 = ck.convert("gptq_v2", st, N, K, spec="gptq_v2_w4a16_g128_repacked")
     assert spec2 == spec and np.array_equal(t2["qweight"], t["qweight"])
-    # v1 zeros (z - 1) are not what the v2 spec stores, AWQ's layout not GPTQ's
+    # v1 zeros (z - 1) are not what the v2 spec stores
     assert _error(ck.from_gptq, st, 1, N, K, spec="gptq_v2_w4a16_g128_repacked").startswith(
-        "spec: gptq_v2_w4a16_g128_repacked does not store GPTQ v1's")
-    assert _error(ck.from_gptq, st, 2, N, K, spec="awq_w4a16_g128").startswith(
-        "spec: awq_w4a16_g128 does not store GPTQ v2's")
+        "spec: gptq_v2_w4a16_g128_repacked does not store this checkpoint's weight")
+    assert "b.zero.offset: 1 vs 0" in _error(ck.from_gptq, st, 1, N, K, spec="gptq_v2_w4a16_g128_repacked")
+    # AWQ's storage of the same meaning is another layout: moved there too
+    t3 = ck.from_gptq(st, 2, N, K, spec="awq_w4a16_g128")
+    assert np.array_equal(R.dequantize(as_spec("awq_w4a16_g128"), t3, N, K), gptq_dequant(st, False))
     # a shape error names the checkpoint's layout, not the repacked one
     assert "[K/8, N]" in _error(ck.from_gptq, st, 2, N * 2, K // 2, spec="gptq_v2_w4a16_g128_repacked")
 
@@ -186,6 +188,9 @@ def test_awq():
             * st["scales"].astype(np.float32)[g]).T
     assert np.array_equal(R.dequantize(as_spec("awq_w4a16_g128"), t, N, K), want)
     assert "bias" not in t
+    # spec= another storage of the same weight: moved there (GPTQ v2's)
+    t2 = ck.from_awq(st, N, K, spec="gptq_v2_w4a16_g128_repacked")
+    assert np.array_equal(R.dequantize(as_spec("gptq_v2_w4a16_g128_repacked"), t2, N, K), want)
     # a GPTQ-layout qweight handed to the AWQ loader is refused by its shape
     gptq = gptq_checkpoint(rng, v1=False)
     msg = _error(ck.from_awq, dict(st, qweight=gptq["qweight"]), N, K)
@@ -335,7 +340,7 @@ def test_convert_and_sub_state():
     layer = ck.sub_state(whole, "model.layers.0.mlp.up_proj.")
     assert set(layer) == set(st)
     spec, t = ck.convert("gptq_v1", layer, N, K)
-    assert spec.name == "gptq_v1_w4a16_g128_repacked"
+    assert spec.name == "gptq_v1_w4a16_g128"
     assert np.array_equal(R.dequantize(spec, t, N, K), gptq_dequant(st, v1=True))
     assert _error(ck.convert, "exl2", layer, N, K).startswith("format 'exl2': unknown")
 

@@ -40,7 +40,7 @@ def dequantized_model(qmodel: nn.Module, dtype=torch.float32) -> nn.Module:
         if isinstance(mod, ot.QuantLinear):
             t = {k: ot._to_numpy(getattr(mod, k)) for k in ("qweight", "scales", "zeros")
                  if getattr(mod, k) is not None}
-            w = R.dequantize(mod.spec, t, mod.out_features, mod.in_features)
+            w = R.dequantize(mod.kernel_spec, t, mod.out_features, mod.in_features)
             lin = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None)
             with torch.no_grad():
                 lin.weight.copy_(torch.from_numpy(w))
@@ -67,11 +67,10 @@ def test_replace_linear(spec):
     assert report.replaced == ["0", "2"]
     assert list(report.skipped) == ["4"] and "N=10 must be a multiple of 8" in report.skipped["4"]
     assert isinstance(model[4], nn.Linear)
-    s = as_spec(spec)
     for i, bias in ((0, True), (2, False)):
         q = model[i]
         assert isinstance(q, ot.QuantLinear) and q.spec_name == spec
-        want = ck.expected_tensors(s, q.out_features, q.in_features)
+        want = ck.expected_tensors(q.kernel_spec, q.out_features, q.in_features)
         bufs = dict(q.named_buffers())
         assert set(bufs) == set(want) | ({"bias"} if bias else set())
         for k, (shape, dtypes) in want.items():
@@ -108,7 +107,7 @@ def test_layer_matches_reference_matmul():
     q = ot.QuantLinear.from_linear("awq_w4a16_g128", lin)
     x = torch.randn(5, 256).half()
     t = {k: ot._to_numpy(getattr(q, k)) for k in ("qweight", "scales", "zeros")}
-    want = R.reference_matmul(q.spec, x.numpy(), t).astype(np.float32) + q.bias.float().numpy()
+    want = R.reference_matmul(q.kernel_spec, x.numpy(), t).astype(np.float32) + q.bias.float().numpy()
     got = q(x)
     assert got.dtype == torch.float16
     assert np.array_equal(got.numpy(), want.astype(np.float16))
@@ -153,7 +152,7 @@ def test_state_dict_round_trip():
     torch.save(model, buf)
     buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
-    assert loaded[0].handle == ot.handle_for(loaded[0].spec, 128, 256)
+    assert loaded[0].handle == ot.handle_for(loaded[0].kernel_spec, 128, 256)
     with torch.no_grad():
         assert torch.equal(loaded(x), model(x))
 
@@ -172,6 +171,45 @@ def test_load_state_dict_refuses_mismatches():
     ot.replace_linear(other, "gptq_v1_w4a16_g128")        # same storage, other meaning
     with pytest.raises(ValueError, match="saved for spec gptq_v1_w4a16_g128"):
         model.load_state_dict(other.state_dict())
+
+
+def test_weights_held_in_the_kernels_layout():
+    """GPTQ as stored ([K/8, N]) is held as its kernels read it ([N, K/8],
+    interleaved); layout="stored" keeps the checkpoint's. Both compute the
+    same layer."""
+    lin = tiny_mlp()[0]
+    t = quantize(as_spec("gptq_v2_w4a16_g128"), lin.weight.detach().numpy())
+    held = ot.QuantLinear("gptq_v2_w4a16_g128", 256, 128, **t)
+    kept = ot.QuantLinear("gptq_v2_w4a16_g128", 256, 128, layout="stored", **t)
+    assert held.kernel_spec.name == "gptq_v2_w4a16_g128_exec" and kept.kernel_spec is kept.spec
+    assert tuple(held.qweight.shape) == (128, 32) and tuple(kept.qweight.shape) == (32, 128)
+    assert "layout=gptq_v2_w4a16_g128_exec" in repr(held)
+    x = torch.randn(4, 256).half()
+    assert torch.equal(held(x), kept(x))
+
+
+def test_load_state_dict_in_either_storage():
+    """A state dict whose extra state names the kernels' layout loads as it
+    is; one without (a checkpoint's tensors in the spec's own storage, or
+    what an opgen before execution layouts saved) is moved there first."""
+    lin = tiny_mlp()[0]
+    t = quantize(as_spec("gptq_v2_w4a16_g128"), lin.weight.detach().numpy())
+    src = ot.QuantLinear("gptq_v2_w4a16_g128", 256, 128, **t)
+    dst = ot.QuantLinear.empty("gptq_v2_w4a16_g128", 256, 128)
+    dst.load_state_dict(src.state_dict())
+    assert torch.equal(dst.qweight, src.qweight)
+    dst = ot.QuantLinear.empty("gptq_v2_w4a16_g128", 256, 128)
+    stored = {k: torch.from_numpy(v) for k, v in t.items()}
+    dst.load_state_dict(stored, strict=False)
+    assert torch.equal(dst.qweight, src.qweight) and torch.equal(dst.zeros, src.zeros)
+    old = dict(stored, _extra_state={k: v for k, v in src.get_extra_state().items()
+                                     if k not in ("layout", "layout_hash")})
+    dst = ot.QuantLinear.empty("gptq_v2_w4a16_g128", 256, 128)
+    dst.load_state_dict(old, strict=False)
+    assert torch.equal(dst.qweight, src.qweight)
+    with pytest.raises(ValueError, match=r"^qweight: shape \[128, 32\], expected \[32, 128\]"):
+        ot.QuantLinear.empty("gptq_v2_w4a16_g128", 256, 128).load_state_dict(
+            dict(stored, qweight=src.qweight), strict=False)
 
 
 def test_half_keeps_storage_dtypes():
@@ -195,8 +233,9 @@ def test_from_checkpoint_torch_tensors():
              "qzeros": torch.full((2, 8), 0x77777777, dtype=torch.int32),     # v1 sym: z - 1 = 7
              "scales": torch.rand(2, N).half() / 64, "g_idx": torch.arange(K) // 128}
     layer = ot.QuantLinear.from_checkpoint("gptq_v1", state, in_features=K, out_features=N)
-    assert layer.spec_name == "gptq_v1_w4a16_g128_repacked" and layer.bias is None
-    w = R.dequantize(layer.spec, {"qweight": layer.qweight.numpy(), "scales": layer.scales.numpy(),
+    assert layer.spec_name == "gptq_v1_w4a16_g128" and layer.bias is None
+    assert layer.kernel_spec.name == "gptq_v1_w4a16_g128_exec"
+    w = R.dequantize(layer.kernel_spec, {"qweight": layer.qweight.numpy(), "scales": layer.scales.numpy(),
                                   "zeros": layer.zeros.numpy()}, N, K)
     s = np.repeat(state["scales"].float().numpy(), 128, axis=0).T
     assert np.array_equal(w, (q.T.astype(np.float32) - 8) * s)
@@ -262,10 +301,24 @@ def test_gpu_layer_matches_reference(spec, record):
     a, a_scale = (xs.numpy(), None)
     if q.spec.a.dtype == "int8":
         a, a_scale = (v.numpy() for v in ot.quantize_activation(xs, "int8"))
-    want = R.reference_matmul_f32(q.spec, a, t, a_scale=a_scale) + q.bias.float().cpu().numpy()
+    want = R.reference_matmul_f32(q.kernel_spec, a, t, a_scale=a_scale) + q.bias.float().cpu().numpy()
     err = rel_err(got, torch.from_numpy(want))
     record(test="torch_layer", spec=spec, rel_err=err)
     assert err <= 2e-3
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("spec", ["gptq_v1_w4a16_g128", "awq_w4a16_g128"])
+def test_gpu_layer_moves_cuda_tensors_on_the_gpu(spec):
+    """Given CUDA tensors, the move into the kernels' layout runs on the GPU
+    (CuPy through DLPack) and gives the bytes the CPU's numpy move gives."""
+    t = quantize(as_spec(spec), tiny_mlp()[0].weight.detach().numpy())
+    cpu = ot.QuantLinear(spec, 256, 128, **t)
+    gpu = ot.QuantLinear(spec, 256, 128, **{k: ot._to_torch(v).cuda() for k, v in t.items()})
+    assert gpu.qweight.is_cuda and gpu.kernel_spec == cpu.kernel_spec
+    for k in ("qweight", "scales", "zeros"):
+        assert torch.equal(getattr(gpu, k).cpu(), getattr(cpu, k)), k
 
 
 @pytest.mark.gpu

@@ -32,3 +32,26 @@ def test_rejects_foreign_objects():
     torch = pytest.importorskip("torch")
     with pytest.raises(ValueError, match="on cpu"):
         arrays.view(torch.zeros(4), "a")
+
+
+def test_transcoded_gives_each_result_back_as_its_input_kind():
+    """numpy in, numpy out; torch CPU tensors in (bfloat16 as the integer of
+    its width: CuPy and numpy have no bfloat16), torch tensors of the input's
+    dtype out, same bits."""
+    import numpy as np
+    seen = {}
+
+    def fn(t):
+        seen.update({k: type(v).__module__.split(".")[0] for k, v in t.items()})
+        return {k: v.T.copy() for k, v in t.items()}
+    x = np.arange(6, dtype=np.int32).reshape(2, 3)
+    out = arrays.transcoded(fn, {"qweight": x})
+    assert seen == {"qweight": "numpy"} and np.array_equal(out["qweight"], x.T)
+    torch = pytest.importorskip("torch")
+    s = torch.randn(2, 3).to(torch.bfloat16)
+    out = arrays.transcoded(fn, {"qweight": torch.from_numpy(x), "scales": s})
+    assert seen == {"qweight": "numpy", "scales": "numpy"}
+    assert out["scales"].dtype == torch.bfloat16 and torch.equal(out["scales"], s.T)
+    assert out["qweight"].dtype == torch.int32 and torch.equal(out["qweight"], torch.from_numpy(x).T)
+    with pytest.raises(ValueError, match="qweight: expected a numpy or CuPy array or a torch tensor"):
+        arrays.transcoded(fn, {"qweight": [1, 2]})

@@ -10,7 +10,7 @@ from opgen.codegen import planner
 from opgen.codegen.compiler import CompileError, default_config
 from opgen.codegen.errors import UserError
 from opgen.codegen.random_data import random_activation, random_weight_tensors
-from opgen.codegen.reference import quantize_activation, reference_matmul_f32
+from opgen.codegen.reference import dequantize, quantize_activation, reference_matmul_f32
 from opgen.codegen.resolve import as_spec
 from opgen.codegen.tolerance import tolerance
 from opgen.runtime.arrays import ACCEPT
@@ -62,24 +62,52 @@ def test_dispatch_and_errors():
     w = random_weight_tensors(spec, N, K, rng)
     dev = {k: cp.asarray(v) for k, v in w.items()}
     op = opgen.load(spec, N=N, K=K, use_db=False)
+    stored = opgen.load(spec, N=N, K=K, use_db=False, layout="stored")
+    prepared = op.prepare(dev["qweight"], dev["scales"], dev["zeros"])
     for M in (1, 7, 64, 300):
         a, _ = random_activation(spec, M, K, rng)
-        out = op(cp.asarray(a), dev["qweight"], dev["scales"], dev["zeros"])
+        ref = reference_matmul_f32(spec, a, w)
+        for o, args in ((op, (prepared,)), (stored, (dev["qweight"], dev["scales"], dev["zeros"]))):
+            out = o(cp.asarray(a), *args)
+            err = np.linalg.norm(out.get().astype(np.float64) - ref) / np.linalg.norm(ref)
+            assert err <= tolerance(spec), (M, o.kernel_spec.name, o.config_for(M).name, err)
+    assert op.config_for(1).family == "gemv" and op.config_for(300).family == "gemm"
+    a = cp.asarray(random_activation(spec, 4, K, rng)[0])
+    with pytest.raises(UserError, match="prepare the weight once"):
+        op(a, dev["qweight"], dev["scales"], dev["zeros"])
+    with pytest.raises(ValueError, match="qweight: shape"):
+        stored(a, dev["qweight"][:-8], dev["scales"], dev["zeros"])
+    with pytest.raises(ValueError, match="scales: dtype"):
+        stored(a, dev["qweight"], dev["scales"].astype(cp.float32), dev["zeros"])
+    with pytest.raises(ValueError, match="zeros: required"):
+        stored(a, dev["qweight"], dev["scales"])
+    with pytest.raises(ValueError, match="a: shape"):
+        op(a[:, :-32], prepared)
+    with pytest.raises(ValueError, match="a_scale: spec gptq_v2_w4a16_g128_exec has float16 activations"):
+        op(a, prepared, a_scale=cp.ones(4, cp.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gptq_v1_w4a16_g128", "awq_w4a16_g128"])
+def test_prepare_on_the_gpu_equals_numpy_and_runs(name):
+    """CuPy in: the move runs on the GPU and gives numpy's bytes; the
+    prepared weight computes the spec's matmul at odd sizes."""
+    import cupy as cp
+    spec = as_spec(name)
+    N, K = 288, 640            # 9 x 32 rows (AWQ's 16-byte rows), 5 groups
+    rng = np.random.default_rng(11)
+    w = random_weight_tensors(spec, N, K, rng)
+    op = opgen.load(spec, N=N, K=K, use_db=False)
+    on_gpu = op.prepare(*(cp.asarray(w[k]) for k in ("qweight", "scales", "zeros")))
+    on_cpu = op.prepare(w["qweight"], w["scales"], w["zeros"])
+    for k, v in on_cpu.tensors.items():
+        assert np.array_equal(on_gpu.tensors[k].get(), v), k
+    for M in (1, 13, 77):
+        a, _ = random_activation(spec, M, K, rng)
+        out = op(cp.asarray(a), on_gpu)
         ref = reference_matmul_f32(spec, a, w)
         err = np.linalg.norm(out.get().astype(np.float64) - ref) / np.linalg.norm(ref)
         assert err <= tolerance(spec), (M, op.config_for(M).name, err)
-    assert op.config_for(1).family == "gemv" and op.config_for(300).family == "gemm"
-    a = cp.asarray(random_activation(spec, 4, K, rng)[0])
-    with pytest.raises(ValueError, match="qweight: shape"):
-        op(a, dev["qweight"][:-8], dev["scales"], dev["zeros"])
-    with pytest.raises(ValueError, match="scales: dtype"):
-        op(a, dev["qweight"], dev["scales"].astype(cp.float32), dev["zeros"])
-    with pytest.raises(ValueError, match="zeros: required"):
-        op(a, dev["qweight"], dev["scales"])
-    with pytest.raises(ValueError, match="a: shape"):
-        op(a[:, :-32], dev["qweight"], dev["scales"], dev["zeros"])
-    with pytest.raises(ValueError, match="a_scale: spec gptq_v2_w4a16_g128 has float16 activations"):
-        op(a, dev["qweight"], dev["scales"], dev["zeros"], a_scale=cp.ones(4, cp.float32))
 
 
 @pytest.mark.gpu
@@ -133,6 +161,45 @@ def test_an_unknown_arch_is_refused_with_the_known_ones():
 def test_quantize_op_needs_a_positive_multiple_of_8(K):
     with pytest.raises(UserError, match=f"K={K} must be a positive multiple of 8"):
         opgen.load("quantize_int8_row", K=K, arch="sm_90")
+
+
+def test_the_op_runs_the_execution_layout_and_prepare_moves_the_weight():
+    """AWQ packs along n, its kernels read codes packed along k: the op runs
+    the execution spec, and prepare (numpy here) moves a weight there
+    bit-exactly; raw stored tensors are refused, never guessed."""
+    spec = as_spec("awq_w4a16_g128")
+    N, K = 96, 256
+    op = opgen.load(spec, N=N, K=K, arch="sm_90")
+    assert op.kernel_spec.name == "awq_w4a16_g128_exec" and op.spec is spec
+    assert planner.execution_spec(op.kernel_spec, "sm_90") is op.kernel_spec
+    w = random_weight_tensors(spec, N, K, np.random.default_rng(1))
+    p = op.prepare(w["qweight"], w["scales"], w["zeros"])
+    assert p.spec is op.kernel_spec and p.tensors["qweight"].shape == (N, K // 8)
+    assert np.array_equal(dequantize(p.spec, p.tensors, N, K), dequantize(spec, w, N, K))
+    with pytest.raises(UserError, match=r"op\.prepare\(qweight, scales, zeros\)"):
+        op(np.zeros((1, K), np.float16), w["qweight"], w["scales"], w["zeros"])
+    other = opgen.load(spec, N=N, K=2 * K, arch="sm_90")
+    with pytest.raises(ValueError, match=f"prepared for awq_w4a16_g128_exec {N}x{K}"):
+        other._weights(p, None, None)
+    with pytest.raises(ValueError, match="pass it alone"):
+        op._weights(p, w["scales"], None)
+    kept = opgen.load(spec, N=N, K=K, arch="sm_90", layout="stored")
+    assert kept.kernel_spec is spec and kept.prepare(w["qweight"]).tensors["qweight"] is w["qweight"]
+    with pytest.raises(UserError, match="layout: 'fast'"):
+        opgen.load(spec, N=N, K=K, arch="sm_90", layout="fast")
+
+
+def test_prepare_takes_torch_tensors_and_gives_them_back():
+    torch = pytest.importorskip("torch")
+    spec = as_spec("gptq_v1_w4a16_g128")
+    N, K = 64, 256
+    w = random_weight_tensors(spec, N, K, np.random.default_rng(2))
+    op = opgen.load(spec, N=N, K=K, arch="sm_90")
+    p = op.prepare(*(torch.from_numpy(w[k]) for k in ("qweight", "scales", "zeros")))
+    assert all(isinstance(v, torch.Tensor) for v in p.tensors.values())
+    assert p.tensors["scales"].dtype == torch.float16 and p.tensors["qweight"].dtype == torch.int32
+    want = op.prepare(w["qweight"], w["scales"], w["zeros"]).tensors
+    assert all(np.array_equal(p.tensors[k].numpy(), want[k]) for k in want)
 
 
 def test_config_for_needs_no_gpu_and_loading_a_kernel_says_no_gpu():

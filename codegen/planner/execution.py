@@ -1,0 +1,91 @@
+"""Execution layouts: how the kernels want a weight stored.
+
+A user holds a weight the way its checkpoint stores it (the spec); the
+kernels run on the spec's execution spec: the same logical weight (same
+codes, scales and zero points: codegen/transcode.py moves it there once, at
+load) stored the way the fastest kernel families of an arch read it. Where
+the stored form already is that, the execution spec is the spec itself.
+
+What each arch's kernels read is data (LAYOUTS), with its evidence in
+docs/performance.md#execution-layouts.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from .. import hw
+from ..spec import CONTAINER_BITS, Pack, Spec, Weight, weight_code
+from .config import PlanError
+
+
+def interleaved(P: int) -> Tuple[int, ...]:
+    """The pack order whose field i and field i + P/2 hold elements 2i and
+    2i + 1: each half-word shift exposes a pair of neighbours along k, which
+    the magic-number decode turns into one half2 (0, 2, 4, 6, 1, 3, 5, 7 for
+    eight 4-bit codes)."""
+    return tuple(range(0, P, 2)) + tuple(range(1, P, 2))
+
+
+@dataclass(frozen=True)
+class ExecutionLayout:
+    """Where one arch's kernels want the weight.
+
+    rows_n: stored [N, K] (rows of the weight matrix, k contiguous): the row
+    GEMV's coalesced walk along k and the TMA/rs GEMM's weight-row boxes.
+    pack_k: sub-byte codes packed along k (each thread decodes codes of one
+    row). int4_pack: the container and order of 4-bit integer codes (the rs
+    GEMM reads exactly this; other codes keep their container and order)."""
+    rows_n: bool
+    pack_k: bool
+    int4_pack: Optional[Pack]
+
+
+# Rows along n, codes packed along k, 4-bit integer codes as int32 words in
+# the interleaved order: what the rs GEMM (sm_90a) reads, and the pairs the
+# magic-number decode of the row GEMV and of the mma.sync GEMM take whole.
+ROWS_K_PAIRS = ExecutionLayout(True, True, Pack("int32", "k", interleaved(8)))
+LAYOUTS = {arch: ROWS_K_PAIRS for arch in hw.ARCHS}
+
+EXECUTION_SUFFIX = "_exec"
+
+
+def _target(w: Weight, lay: ExecutionLayout) -> Weight:
+    """w stored as `lay` says (the meaning kept)."""
+    t = dataclasses.replace(w, layout="nt" if lay.rows_n else w.layout)
+    if w.pack is None:
+        return t
+    code = weight_code(w)
+    if lay.int4_pack is not None and code.bits == 4 and code.kind in ("uint", "int"):
+        pack = lay.int4_pack
+    else:
+        pack = dataclasses.replace(w.pack, axis="k" if lay.pack_k else w.pack.axis)
+    s = w.scale
+    P = CONTAINER_BITS[pack.container] // code.bits
+    if pack.axis == "k" and s is not None and s.granularity == "group" and s.group % P:
+        # A word must not straddle two scale groups (validate.py's rule):
+        # the stored container then, moved to k if it fits.
+        pack = dataclasses.replace(w.pack, axis="k")
+        if s.group % (CONTAINER_BITS[pack.container] // code.bits):
+            pack = w.pack
+    return dataclasses.replace(t, pack=pack)
+
+
+def execution_spec(spec: Spec, arch: str) -> Spec:
+    """The spec whose kernels run `spec`'s weight on `arch`: spec itself when
+    it already stores it as LAYOUTS[arch] says (or not a matmul), else a spec
+    named spec.name + EXECUTION_SUFFIX that differs from it only in storage.
+    Every N x K the spec fits, its execution spec fits (codes move to k,
+    whose alignment, K_ALIGN, holds whole words of any packing)."""
+    if spec.op != "matmul" or spec.b is None:
+        return spec
+    lay = LAYOUTS.get(arch)
+    if lay is None:
+        raise PlanError(f"no execution layout for {arch} (known: {', '.join(LAYOUTS)})")
+    w = _target(spec.b, lay)
+    if w == spec.b:
+        return spec
+    return dataclasses.replace(
+        spec, name=spec.name + EXECUTION_SUFFIX, b=w,
+        description=f"{spec.name} as its kernels read it on {arch} (docs/performance.md#execution-layouts)")

@@ -1,0 +1,98 @@
+"""Execution layouts (codegen/planner/execution.py): how the kernels want a
+spec's weight stored. For every shipped spec and for specs drawn from the
+whole language: the execution spec holds the same weight (a transcode
+target), is a valid spec, is its own execution spec, and fits the shapes
+it is asked for; the formats stored otherwise land where the rs GEMM
+and the row GEMV read them."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+from opgen.codegen import planner
+from opgen.codegen.canonical import spec_to_yaml_dict
+from opgen.codegen.errors import SpecErrors
+from opgen.codegen.planner.execution import EXECUTION_SUFFIX, LAYOUTS, execution_spec, interleaved
+from opgen.codegen.resolve import as_spec, shipped_specs
+from opgen.codegen.spec import Activation, Output, Pack, Spec
+from opgen.codegen.transcode import check_compatible
+from opgen.codegen.validate import spec_from_dict
+from weight_strategies import SETTINGS, weights
+
+MATMULS = [n for n in shipped_specs() if as_spec(n).op == "matmul"]
+
+
+def test_interleaved_pairs_neighbours():
+    assert interleaved(8) == (0, 2, 4, 6, 1, 3, 5, 7)
+    assert interleaved(2) == (0, 1)
+    assert interleaved(16)[:3] == (0, 2, 4) and interleaved(16)[8:11] == (1, 3, 5)
+
+
+def _valid(s: Spec) -> bool:
+    d = spec_to_yaml_dict(s)
+    try:
+        return spec_to_yaml_dict(spec_from_dict(d)) == d
+    except SpecErrors:
+        return False
+
+
+def _is_execution_spec_of(e: Spec, s: Spec, arch: str) -> None:
+    check_compatible(s, e)                                # the same weight
+    assert _valid(e) or not _valid(s)                     # the validator accepts it as it does s
+    assert execution_spec(e, arch) is e                   # settled
+    assert (e.a, e.out, e.epilogue, e.accumulate, e.shape) == (s.a, s.out, s.epilogue, s.accumulate, s.shape)
+    assert e is s or e.name == s.name + EXECUTION_SUFFIX
+
+
+@pytest.mark.parametrize("arch", sorted(LAYOUTS))
+@pytest.mark.parametrize("name", MATMULS)
+def test_every_shipped_spec(name, arch):
+    s = as_spec(name)
+    e = execution_spec(s, arch)
+    _is_execution_spec_of(e, s, arch)
+    planner.check_shape(e, 4096, 4096)
+    assert e.b.layout == "nt" and (e.b.pack is None or e.b.pack.axis == "k")
+
+
+@pytest.mark.parametrize("name", ["gptq_v1_w4a16_g128", "gptq_v2_w4a16_g128", "awq_w4a16_g128"])
+def test_4_bit_formats_stored_otherwise_land_on_the_rs_gemm(name):
+    s = as_spec(name)
+    e = execution_spec(s, "sm_90")
+    assert e.name == name + EXECUTION_SUFFIX
+    assert e.b.pack == Pack("int32", "k", interleaved(8)) and e.b.layout == "nt"
+    assert (e.b.scale, e.b.zero) == (s.b.scale, s.b.zero)           # kept as stored
+    for M in (32, 64, 256):
+        cfg = planner.heuristic(e, "sm_90", M, 8192, 8192, sms=132)
+        assert planner.family_of(cfg).name == "rs", (M, cfg.name)
+
+
+@pytest.mark.parametrize("name", ["w4a16_sym_g128", "gptq_v2_w4a16_g128_repacked", "bnb_nf4", "mxfp4",
+                                  "w2a16_g128", "bitnet_b158", "fp8_e4m3_w8a16", "w8a8_int8"])
+def test_specs_already_stored_for_the_kernels_are_their_own(name):
+    s = as_spec(name)
+    assert execution_spec(s, "sm_90") is s
+
+
+def test_an_unknown_arch_is_refused():
+    with pytest.raises(planner.PlanError, match="no execution layout for sm_70"):
+        execution_spec(as_spec("awq_w4a16_g128"), "sm_70")
+
+
+def test_other_ops_are_their_own():
+    q = as_spec("quantize_int8_row")
+    assert execution_spec(q, "sm_90") is q
+
+
+@settings(**SETTINGS)
+@given(weights())
+def test_every_weight_the_language_has(wnk):
+    w, N, K = wnk
+    s = Spec("user", "matmul", Activation("float16"), w, Output())
+    for arch in LAYOUTS:
+        e = execution_spec(s, arch)
+        _is_execution_spec_of(e, s, arch)
+        # every size the stored form takes, the execution form takes
+        if not planner.config.shape_problems(s, N, K):
+            assert not planner.config.shape_problems(e, N, K), (N, K)
+        if w.pack is not None and e is not s:
+            assert e.b.pack.axis == "k" or w.scale is not None
