@@ -84,9 +84,14 @@ print(','.join(f'{n}x{k}' for n, k in S), ','.join(map(str, M)))")
 }
 
 bench() {
-  local db=()
+  local db=() specs=()
   [ -f "$DB" ] && db=(--db "$DB")
-  timeout -s INT -k 10 "${T_BENCH:-150}" python3 -m opgen.bench ${db[@]+"${db[@]}"} --out "$OUT" "$@" \
+  # Without --specs: every shipped matmul spec and the user specs of
+  # docs/examples (formats outside the shipped ones, on the same paths).
+  if ! printf '%s\n' "$@" | grep -q -- '--specs'; then
+    specs=(--specs "$(python3 -c "from opgen.bench.plan import shipped_matmul_specs as s; print(','.join(s()))"),$(ls docs/examples/*.yaml | paste -sd,)")
+  fi
+  timeout -s INT -k 10 "${T_BENCH:-150}" python3 -m opgen.bench ${db[@]+"${db[@]}"} ${specs[@]+"${specs[@]}"} --out "$OUT" "$@" \
     > "$OUT/bench_log.txt" 2>&1
   echo "bench rc=$?"; tail -3 "$OUT/bench_log.txt"
   grep -A40 "^## Targets" "$OUT/bench.md" 2> /dev/null | head -42

@@ -10,7 +10,7 @@ code. Each measured constant names where its evidence is told
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Tuple
+from typing import FrozenSet, Mapping, Tuple
 
 # The most registers ptxas gives one thread, and threads one block may have.
 MAX_REGS_PER_THREAD = 255
@@ -142,10 +142,13 @@ class Calibration:
     # M from which the heuristic takes a predecode config, by what the fused
     # GEMM pays per decoded tile (planner.heuristic.predecode_from).
     predecode_m: Mapping[str, int]
-    # Registers an MMA thread of the rs GEMM takes, by (BK, BM); and with
-    # integer zero points.
-    rs_regs: Mapping[Tuple[int, int], int]
-    rs_regs_int_zero: Mapping[Tuple[int, int], int]
+    # Registers an MMA thread of the rs GEMM takes, by its decoding
+    # (planner.rs.rs_kernel: "decode/fetch") and (BK, BM).
+    rs_regs: Mapping[str, Mapping[Tuple[int, int], int]]
+    # The rs GEMM kernels (planner.rs.kernel_class: decoding and activation type) checked
+    # against the reference on this device: the heuristic picks no other
+    # (the tuner times every one, and keeps only those it verified).
+    rs_verified: FrozenSet[str]
 
 
 H200 = Calibration(
@@ -166,15 +169,29 @@ H200 = Calibration(
     # The most ptxas gave w4a16_sym over blocks, ring depths and k-groups
     # (tests/codegen/test_compiler.py keeps these upper bounds true).
     # Source: docs/performance.md#rs-gemm
-    rs_regs={(64, 16): 72, (64, 32): 82, (64, 64): 96, (64, 128): 125, (64, 256): 185,
-             (128, 16): 95, (128, 32): 96, (128, 64): 124, (128, 128): 159},
-    # The GPTQ *_repacked specs (two more items in flight per row, their
-    # addresses): the most ptxas took under the caps of one and two MMA
-    # warpgroups, except at (128, 16), where every config fits four
-    # warpgroups' cap of 96 without spilling (it takes up to 117 where it may).
-    # Four 128-deep k-groups of 32 rows and up do not fit. Source: docs/performance.md#rs-gemm
-    rs_regs_int_zero={(64, 16): 91, (64, 32): 93, (64, 64): 107, (64, 128): 140, (64, 256): 205,
-                      (128, 16): 96, (128, 32): 127, (128, 64): 128, (128, 128): 167},
+    rs_regs={
+        "magic/halves": {(64, 16): 72, (64, 32): 82, (64, 64): 96, (64, 128): 125, (64, 256): 185,
+                         (128, 16): 95, (128, 32): 96, (128, 64): 124, (128, 128): 159},
+        # The GPTQ *_repacked specs (two more items in flight per row, their
+        # addresses): the most ptxas took under the caps of one and two MMA
+        # warpgroups, except at (128, 16), where every config fits four
+        # warpgroups' cap of 96 without spilling (it takes up to 117 where it may).
+        # Four 128-deep k-groups of 32 rows and up do not fit. Source: docs/performance.md#rs-gemm
+        "magic_int_zero/halves": {(64, 16): 91, (64, 32): 93, (64, 64): 107, (64, 128): 140, (64, 256): 205,
+                                  (128, 16): 96, (128, 32): 127, (128, 64): 128, (128, 128): 167},
+        # Decodings not yet run on the device (rs_verified): the most ptxas
+        # took over the configs without setmaxnreg, planned with the tables
+        # above (none spilled): w2a16_g128 (2-bit pairs), bitnet_b158
+        # (ternary, a float32 tensor scale) and bnb_nf4 (the 16-entry table,
+        # float32 scales per 64: 64-deep tiles only). Source: docs/performance.md#rs-gemm
+        "magic/pairs": {(64, 16): 71, (64, 32): 79, (64, 64): 93, (64, 128): 127, (64, 256): 187,
+                        (128, 16): 95, (128, 32): 95, (128, 64): 127, (128, 128): 161},
+        "magic_cvt_scale/pairs": {(64, 16): 56, (64, 32): 64, (64, 64): 79, (64, 128): 119, (64, 256): 179,
+                                  (128, 16): 79, (128, 32): 89, (128, 64): 105, (128, 128): 155},
+        "table_cvt_scale/pairs": {(64, 16): 80, (64, 32): 95, (64, 64): 96, (64, 128): 128, (64, 256): 220},
+    },
+    # w4a16_sym and the GPTQ repacked specs (docs/performance.md#rs-gemm).
+    rs_verified=frozenset({"magic/halves/float16", "magic_int_zero/halves/float16"}),
 )
 CALIBRATION = {"H200": H200}
 

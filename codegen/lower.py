@@ -390,3 +390,60 @@ def zero_sub_bits(num: Numerics, dec: "Decode", zero_bits: int) -> Optional[int]
     if not (bottom <= base + lo and base + hi < top):
         return None
     return _f16_bits(base) if half else _bf16_bits(base)
+
+
+# --- the rs GEMM: each lane's code pairs -------------------------------------
+
+@dataclass(frozen=True)
+class RsPair:
+    """Where a lane finds the codes of one of its wgmma A-fragment registers:
+    k = k0 + 2q and k0 + 2q + 1 of its row (q: lane % 4), in 32-bit word
+    `word` of the row's k-tile slice, the first at bit shift + q * step and
+    the second `gap` bits above it (16: the two halves of the word, the
+    magic-number decode's own pairing)."""
+    word: int
+    shift: int
+    step: int
+    gap: int
+
+
+def _code_bit(lay: Layout, e: int) -> int:
+    """Bit of element e (along k) in one row's stream of stored words
+    (little-endian: container j at bit j * its width)."""
+    cbits = lay.elem_bytes * 8
+    j, i = divmod(e, lay.P)
+    return j * cbits + lay.order.index(i) * lay.bits
+
+
+@functools.lru_cache(maxsize=None)
+def rs_pairs(lay: Layout, BK: int) -> Optional[Tuple[Tuple[RsPair, RsPair], ...]]:
+    """For each k16 step of a BK-deep tile, the lanes' pairs for its low
+    (k0 = 16 ks) and high (k0 = 16 ks + 8) registers; None when some lane's
+    pair straddles two words, or the lanes' pairs do not sit a fixed step
+    apart in one word (the rs GEMM addresses them by q * step)."""
+    if lay.row_axis != "n" or lay.pack_axis != "k":
+        return None
+    out = []
+    for ks in range(BK // 16):
+        halves = []
+        for h in range(2):
+            spots = []
+            for q in range(4):
+                e = 16 * ks + 8 * h + 2 * q
+                a, b = _code_bit(lay, e), _code_bit(lay, e + 1)
+                if a // 32 != b // 32:
+                    return None
+                spots.append((a // 32, a % 32, b - a))
+            word, shift, gap = spots[0]
+            step = spots[1][1] - shift
+            if any(s != (word, shift + q * step, gap) for q, s in enumerate(spots)):
+                return None
+            halves.append(RsPair(word, shift, step, gap))
+        out.append(tuple(halves))
+    return tuple(out)
+
+
+# The pairs of 4-bit codes in the interleaved order 0, 2, 4, 6, 1, 3, 5, 7:
+# word 2 ks + h, bits 4q and 16 + 4q (the rs GEMM's first and fastest decode).
+def rs_pairs_are_interleaved4(pairs) -> bool:
+    return all(p == RsPair(2 * ks + h, 0, 4, 16) for ks, hs in enumerate(pairs) for h, p in enumerate(hs))

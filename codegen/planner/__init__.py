@@ -19,7 +19,7 @@ from .launch import Axis, Family, GridRule, Launch, TmaBoxes
 from .registry import (FAMILIES, blocks, family_of, geometry, grid, grid_rule, launch_smem, plan,
                        shape_ok)
 from .quantize import QUANTIZE_THREADS, quantize_plan
-from .rs import RS_REGS, RS_REGS_INT_ZERO, RS_STAGES, RS_TILES_K, RS_TILES_M, RS_TILES_N
+from .rs import RS_REGS, RS_STAGES, RS_TILES_K, RS_TILES_M, RS_TILES_N
 from .space import PREDECODE_MIN_M, all_configs, candidates
 from .tma import TMA_BLOCK_REGS, TMA_CONSUMER_REGS, TMA_DECODE_REGS, TMA_PRODUCER_REGS, tma_box_a
 
@@ -31,7 +31,7 @@ __all__ = [
     "Axis", "Family", "GridRule", "Launch", "TmaBoxes",
     "FAMILIES", "blocks", "family_of", "geometry", "grid", "grid_rule", "launch_smem", "plan", "shape_ok",
     "QUANTIZE_THREADS", "quantize_plan",
-    "RS_REGS", "RS_REGS_INT_ZERO", "RS_STAGES", "RS_TILES_K", "RS_TILES_M", "RS_TILES_N",
+    "RS_REGS", "RS_STAGES", "RS_TILES_K", "RS_TILES_M", "RS_TILES_N",
     "PREDECODE_MIN_M", "all_configs", "candidates",
     "TMA_BLOCK_REGS", "TMA_CONSUMER_REGS", "TMA_DECODE_REGS", "TMA_PRODUCER_REGS", "tma_box_a",
 ]

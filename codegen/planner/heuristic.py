@@ -11,17 +11,24 @@ from ..spec import Spec
 from .config import Config, PlanError
 from .gemv import gemv_run
 from .registry import blocks
-from .rs import RS_TILES_M
+from .rs import RS_TILES_M, kernel_class
 from .space import candidates
+
+
+def rs_pickable(spec: Spec, arch: str) -> bool:
+    """Whether the heuristic may pick spec's rs GEMM: only kernels checked
+    against the reference on the device (hw.Calibration.rs_verified); the
+    others are the tuner's to time, which keeps only verified winners."""
+    return kernel_class(spec, arch) in hw.calibration(arch).rs_verified
 
 
 def predecode_from(spec: Spec, cands: List[Config], arch: str) -> int:
     """The M from which the heuristic picks a predecode config, by what the
     fused GEMM among cands pays per decoded tile (hw.Calibration.predecode_m)."""
     at = hw.calibration(arch).predecode_m
-    if not any(c.wgmma and not c.predecode for c in cands):
+    if not any(c.wgmma and not c.predecode and (not c.rs or rs_pickable(spec, arch)) for c in cands):
         return at["no_fused_wgmma"]
-    if any(c.rs for c in cands):
+    if rs_pickable(spec, arch) and any(c.rs for c in cands):
         return at["rs_gemm"]
     if numerics(spec).zero_kind in ("int", "float"):
         return at["zero_points"]
@@ -71,7 +78,9 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     planned device, hw.planned_device). exclude: configs not to pick (those
     whose kernels ptxas spilled: compiler.default_config)."""
     sms = sms or hw.planned_device(arch).sms
-    cands = [c for c in candidates(spec, arch, M, N, K, sms) if c not in exclude]
+    pick_rs = rs_pickable(spec, arch)
+    cands = [c for c in candidates(spec, arch, M, N, K, sms)
+             if c not in exclude and (pick_rs or not c.rs)]
     if not cands:
         raise PlanError(f"{spec.name}: no kernel configuration fits M={M} N={N} K={K} on {arch} "
                         f"once {len(exclude)} excluded ones are left out")

@@ -3,10 +3,11 @@ register operand (its register-sourced form), the activations its
 shared-memory one, both TMA-loaded into a ring; sm_90a."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 from .. import hw
-from ..lower import Layout, Numerics, decode_plan, vector, zero_sub_bits
+from ..lower import (Decode, Layout, Numerics, decode_plan, numerics, rs_pairs,
+                     rs_pairs_are_interleaved4, weight_layout, zero_sub_bits)
 from ..spec import WEIGHT_CODES, Spec
 from .config import Config, PlanError
 from .gemm import grid
@@ -19,9 +20,43 @@ RS_TILES_M = (16, 32, 64, 128, 256)
 RS_TILES_N = (64, 128)
 RS_TILES_K = (64, 128)       # 256 measured slower than 128 at M = 16 / 64 / 128 (docs/performance.md#rs-gemm)
 RS_STAGES = (4, 6, 8, 12)
-# Registers an MMA thread takes, by (BK, BM), as measured (hw.Calibration).
+# How the rs GEMM turns a lane's pair of codes into a fragment register
+# (lower.decode_plan's methods it has).
+RS_DECODES = ("magic", "fp4", "table")
+# Registers an MMA thread takes, by rs_kernel and (BK, BM), as measured (hw.Calibration).
 RS_REGS = hw.calibration("sm_90").rs_regs
-RS_REGS_INT_ZERO = hw.calibration("sm_90").rs_regs_int_zero
+
+
+def rs_kernel(num: Numerics, dec: Decode, int_zero: bool, pairs) -> str:
+    """"decode/fetch", the name of an rs GEMM kernel's decoding in
+    hw.Calibration.rs_regs and .rs_verified. decode: the method, with
+    integer zero points and with scales to convert marked; fetch "halves":
+    4-bit codes in the interleaved order (pair q of each word in its two
+    halves), "pairs": any other layout lower.rs_pairs reads."""
+    decode = dec.method + ("_int_zero" if int_zero else "")
+    if not (num.scale_native or num.scale_gran is None):
+        decode += "_cvt_scale"
+    return f"{decode}/{'halves' if rs_pairs_are_interleaved4(pairs) else 'pairs'}"
+
+
+def _int_zero(num: Numerics, dec: Decode) -> bool:
+    """Integer zero points that join the magic number's subtract."""
+    return num.zero_kind == "int" and zero_sub_bits(num, dec, WEIGHT_CODES[num.zero_dtype].bits) is not None
+
+
+def kernel_class(spec: Spec, arch: str) -> Optional[str]:
+    """"decode/fetch/type" of spec's rs GEMM on arch (rs_kernel and the
+    activations' type: what hw.Calibration.rs_verified lists); None when it
+    has none."""
+    a = hw.arch(arch)
+    if not a.wgmma:
+        return None
+    num, lay = numerics(spec, fp8_mma=a.fp8_mma), weight_layout(spec)
+    pairs = rs_pairs(lay, RS_TILES_K[-1])
+    if num.dense or lay.P < 2 or pairs is None:
+        return None
+    dec = decode_plan(lay, num)
+    return f"{rs_kernel(num, dec, _int_zero(num, dec), pairs)}/{num.mma}"
 
 
 def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
@@ -39,23 +74,25 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     zero points its row's zero too) and one scale per pair."""
     if not (a.tma and a.wgmma and cfg.tma and cfg.wgmma):
         raise PlanError(f"the rs GEMM is a tma wgmma config on sm_90a (target {a.name})")
-    if num.dense or lay.bits != 4 or lay.row_axis != "n" or lay.pack_axis != "k":
-        raise PlanError("the rs GEMM takes 4-bit codes stored [N, K], packed along k")
-    word = vector(lay, 4)
-    if [(word.dk[p.ia], word.dk[p.ib], p.shift) for p in word.pairs] != \
-            [(2 * q, 2 * q + 1, 4 * q) for q in range(4)]:
-        raise PlanError("the rs GEMM needs the pack order 0, 2, 4, 6, 1, 3, 5, 7 "
-                        "(pair q of a word = k 2q, 2q + 1 at bits 4q, 16 + 4q)")
+    if num.dense or lay.P < 2:
+        raise PlanError("the rs GEMM decodes sub-byte codes")
+    pairs = rs_pairs(lay, cfg.BK)
+    if pairs is None:
+        raise PlanError("the rs GEMM needs codes stored [N, K] packed along k, each lane's pair "
+                        "(k = 2q, 2q + 1) in one word, the lanes a fixed step apart "
+                        "(e.g. 4-bit codes in the order 0, 2, 4, 6, 1, 3, 5, 7)")
+    w_rowb = cfg.BK * lay.bits // 8
+    if w_rowb % 16:
+        raise PlanError(f"a {cfg.BK}-deep k-tile of {lay.bits}-bit codes is {w_rowb} bytes a row; "
+                        "the rs GEMM loads rows in 16-byte pieces")
     dec = decode_plan(lay, num)
-    int_zero = num.zero_kind == "int" and \
-        zero_sub_bits(num, dec, WEIGHT_CODES[num.zero_dtype].bits) is not None
-    if dec.method != "magic" or num.formula != "(q - z) * s" \
-            or not (num.zero_kind in ("none", "const") or int_zero):
-        raise PlanError("the rs GEMM decodes (q - z) * s codes by the magic number, the zero "
-                        "point a constant or an integer that joins the subtract as an integer add")
-    if num.scale_gran != "group" or not num.scale_native:
-        raise PlanError("the rs GEMM takes group scales stored as the activations' type")
-    if num.group % cfg.BK:
+    int_zero = _int_zero(num, dec)
+    zero_ok = num.zero_kind in ("none", "const") or int_zero
+    if dec.method not in RS_DECODES or num.formula != "(q - z) * s" or not zero_ok:
+        raise PlanError("the rs GEMM decodes (q - z) * s codes by the magic number (the zero "
+                        "point a constant or an integer that joins the subtract as an integer "
+                        "add), e2m1 bits or a 16-entry table")
+    if num.scale_gran == "group" and num.group % cfg.BK:
         raise PlanError(f"scale groups of {num.group} split a {cfg.BK}-deep k-tile")
     if cfg.BK not in RS_TILES_K or cfg.WM != 64 or cfg.WN != cfg.BM or cfg.BM not in RS_TILES_M \
             or cfg.BN not in RS_TILES_N:
@@ -76,7 +113,7 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
         # mbarrier parity aliases; p6 with 4 k-groups faulted:
         # docs/performance.md#rs-gemm).
         raise PlanError(f"{cfg.stages} stages do not split evenly between {cfg.kgroups} k-groups")
-    a_tile, w_rowb = cfg.BM * cfg.BK * 2, cfg.BK // 2      # (BK / 64 swizzled boxes of BM x 64)
+    a_tile = cfg.BM * cfg.BK * 2                            # (BK / 64 swizzled boxes of BM x 64)
     w_tile = -(-cfg.BN * w_rowb // 1024) * 1024
     # The k-groups' partial sums meet in shared memory once the ring is drained.
     red = (cfg.kgroups - 1) * (cfg.BN // 64) * 128 * (cfg.BM // 2) * 4
@@ -85,7 +122,11 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
         raise PlanError(f"{smem} bytes of shared memory > {a.smem_per_block} on {a.name}")
     consumers = cfg.BN // 64 * cfg.kgroups
     cal = hw.calibration(a.name)
-    need = (cal.rs_regs_int_zero if int_zero else cal.rs_regs)[cfg.BK, cfg.BM]   # (every tile that fits)
+    kernel = rs_kernel(num, dec, int_zero, pairs)
+    need = cal.rs_regs.get(kernel, {}).get((cfg.BK, cfg.BM))
+    if need is None:
+        raise PlanError(f"no measured register need of the rs GEMM's {kernel} decode at "
+                        f"BK {cfg.BK}, BM {cfg.BM}")
     threads, regs = 128 * consumers + 32, None
     if threads > hw.MAX_THREADS_PER_BLOCK:
         raise PlanError(f"{consumers} MMA warpgroups: {threads} threads per block")
@@ -101,14 +142,16 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     # k-tiles of one scale group that a k-group takes in a row (one scale and
     # zero load for all of them), where the ring's slots still each serve
     # one k-group.
-    tpg = num.group // cfg.BK
+    tpg = num.group // cfg.BK if num.scale_gran == "group" else 1
     if cfg.kgroups > 1 and cfg.stages % (cfg.kgroups * tpg):
         tpg = 1
     return dict(threads=threads, consumers=consumers, regs=regs, tpg=tpg, ce=2, a_bytes=2, a_decode=False,
                 dense=False, tma=True, rs=True, wgmma=True, stored=lay, b_rows=cfg.BN,
                 b_rowb=w_rowb, a_tile=a_tile, w_tile=w_tile, smem=smem,
                 grid_tiles=(cfg.BN, cfg.BM), acc_int=False, mma_ptx=mma.ptx, inflight=1,
-                target=hw.WGMMA_TARGET[a.name], wgmma_types=hw.WGMMAS[num.mma].types)
+                target=hw.WGMMA_TARGET[a.name], wgmma_types=hw.WGMMAS[num.mma].types,
+                pairs=pairs, interleaved4=rs_pairs_are_interleaved4(pairs), words=w_rowb // 4,
+                kernel=kernel)
 
 
 FAMILY = Family("rs", geometry, kind=lambda cfg, g: "gemm_rs", grid=grid, shape_ok=stored_rows_ok,

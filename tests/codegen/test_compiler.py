@@ -119,11 +119,14 @@ def test_tma_decode_sass_and_resources(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,table", [("w4a16_sym_g128", planner.RS_REGS),
-                                        ("gptq_v1_w4a16_g128_repacked", planner.RS_REGS_INT_ZERO),
-                                        ("gptq_v2_w4a16_g128_repacked", planner.RS_REGS_INT_ZERO),
-                                        ("awq_w4a16_g128", planner.RS_REGS_INT_ZERO)])
-def test_rs_gemm_sass_and_resources(name, table):
+@pytest.mark.parametrize("name,kernel", [("w4a16_sym_g128", "magic/halves"),
+                                         ("gptq_v1_w4a16_g128_repacked", "magic_int_zero/halves"),
+                                         ("gptq_v2_w4a16_g128_repacked", "magic_int_zero/halves"),
+                                         ("awq_w4a16_g128", "magic_int_zero/halves"),
+                                         ("w2a16_g128", "magic/pairs"),
+                                         ("bitnet_b158", "magic_cvt_scale/pairs"),
+                                         ("bnb_nf4", "table_cvt_scale/pairs")])
+def test_rs_gemm_sass_and_resources(name, kernel):
     """Every kind of rs GEMM config the tuner may time (each tile, k-tile
     depth and k-group count, in its deepest ring): no spills or local memory,
     TMA and HGMMA in the SASS, no cp.async, ptxas does not serialize the
@@ -131,15 +134,23 @@ def test_rs_gemm_sass_and_resources(name, table):
     setmaxnreg split fits the launch. And with the planner's register table
     (RS_REGS; with integer zero points its own) no config spills, in the
     deepest ring and the shallowest (the depth moves a register or two).
-    AWQ in its execution layout: its zero points as AWQ packs them."""
+    AWQ in its execution layout: its zero points as AWQ packs them. The
+    decodes of other layouts (pairs moved into a word's halves; NF4's table;
+    float32 scales converted) likewise.
+    (kernel: the spec's rs_regs table, planner.rs.kernel_class.)"""
     s = planner.execution_spec(spec(name), "sm_90")
+    assert planner.rs.kernel_class(s, "sm_90") == kernel + "/float16"
+    table = planner.RS_REGS[kernel]
     rings = {}
     for M in (16, 64, 256):
         for c in planner.candidates(s, "sm_90", M, 8192, 8192):
             if c.rs:
                 rings.setdefault((c.BM, c.BN, c.BK, c.kgroups), {})[c.stages] = c
     deepest = [r[max(r)] for r in rings.values()]
-    assert len(deepest) >= 20 and {c.BK for c in deepest} == set(planner.RS_TILES_K)
+    # (NF4's scale groups of 64 take only 64-deep k-tiles)
+    assert len(deepest) >= 10 and {c.BK for c in deepest} == {bk for bk in planner.RS_TILES_K
+                                                              if s.b.scale.granularity != "group"
+                                                              or s.b.scale.group % bk == 0}
     assert any(planner.geometry(s, c, "sm_90")["regs"] for c in deepest)
     for cfg in deepest:
         _check_tma_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")

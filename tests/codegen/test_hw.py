@@ -76,20 +76,27 @@ def test_calibration_is_complete(device):
     cal = hw.CALIBRATION[device]
     assert set(cal.predecode_m) == {"no_fused_wgmma", "zero_points", "other", "rs_gemm"}
     assert all(m > 0 for m in cal.predecode_m.values())
-    assert set(cal.rs_regs) == set(cal.rs_regs_int_zero)
-    for table in (cal.rs_regs, cal.rs_regs_int_zero):
+    # the two decodes run on the device cover every (BK, BM) the rs GEMM has
+    assert set(cal.rs_regs["magic/halves"]) == set(cal.rs_regs["magic_int_zero/halves"])
+    assert {(bk, bm) for bk in planner.RS_TILES_K for bm in planner.RS_TILES_M} \
+        - set(cal.rs_regs["magic/halves"]) == {(128, 256)}          # (does not fit)
+    for table in cal.rs_regs.values():
         assert all(0 < r <= hw.MAX_REGS_PER_THREAD for r in table.values())
+    # what the heuristic may pick was run on the device, and has a table
+    assert {k.rsplit("/", 1)[0] for k in cal.rs_verified} <= set(cal.rs_regs)
+    assert all(k.split("/")[1] in ("halves", "pairs") for k in cal.rs_regs)
     assert max(cal.tma_tile_speed.values()) == 1.0 and min(cal.tma_tile_speed.values()) > 0
     # every TMA GEMM tile the planner may time has a measured speed (the heuristic's score)
     tma_tiles = {(c.BM, c.BN) for c in planner.all_configs() if c.tma and not c.rs}
     assert tma_tiles <= set(cal.tma_tile_speed)
 
 
-@pytest.mark.parametrize("name", ["w4a16_sym_g128", "gptq_v2_w4a16_g128_repacked"])
+@pytest.mark.parametrize("name", ["w4a16_sym_g128", "gptq_v2_w4a16_g128_repacked", "bnb_nf4", "bitnet_b158",
+                                  "w2a16_g128"])
 def test_rs_register_tables_cover_every_rs_tile_that_fits(name):
     """An rs GEMM config is either refused with its reason or finds its
-    (BK, BM) in the register table (rs_regs, with integer zero points
-    rs_regs_int_zero): the table is never missing a tile that fits."""
+    (BK, BM) in the register table of its decode (rs_regs): some config of
+    each of these specs plans."""
     s = as_spec(name)
     planned = 0
     for c in planner.all_configs():
@@ -110,6 +117,6 @@ def test_each_measured_constant_cites_its_evidence():
     cal = text[text.index("H200 = Calibration("):]
     fields = re.findall(r"^    (\w+)=", cal, re.M)
     assert set(fields) == {"gemv_bytes_in_flight", "tma_tile_speed", "predecode_m", "rs_regs",
-                           "rs_regs_int_zero"}
+                           "rs_verified"}
     assert cal.count("Source: docs/performance.md#") >= len(fields)
     assert not re.search(r"run\d+|NOTES|bench/results", text)

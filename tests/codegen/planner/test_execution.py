@@ -6,6 +6,8 @@ it is asked for; the formats stored otherwise land where the rs GEMM
 and the row GEMV read them."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 
@@ -96,3 +98,16 @@ def test_every_weight_the_language_has(wnk):
             assert not planner.config.shape_problems(e, N, K), (N, K)
         if w.pack is not None and e is not s:
             assert e.b.pack.axis == "k" or w.scale is not None
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[3].joinpath("docs", "examples").glob("*.yaml")))
+def test_user_specs_outside_the_shipped_ones_take_the_same_path(path):
+    """docs/examples (the bench runs them beside the shipped specs): stored as
+    their checkpoints store them, run in the rs GEMM's layout, picked by the
+    heuristic from M = 17 as the shipped 4-bit formats are."""
+    s = as_spec(str(path))
+    e = execution_spec(s, "sm_90")
+    _is_execution_spec_of(e, s, "sm_90")
+    assert e is not s and e.b.pack == Pack("int32", "k", interleaved(8))
+    for M in (32, 256):
+        assert planner.family_of(planner.heuristic(e, "sm_90", M, 8192, 8192)).name == "rs"

@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from opgen.codegen import planner
+from opgen.codegen import hw, planner
 from opgen.codegen.resolve import load_spec, shipped_specs
 
 MATMUL = [n for n, p in sorted(shipped_specs().items()) if load_spec(p).op == "matmul"]
@@ -25,10 +25,20 @@ def test_rs_gemm_rules():
     tpg = lambda **kw: planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(c, **kw), "sm_90")["tpg"]  # noqa: E731
     assert (tpg(), tpg(stages=6), tpg(stages=6, kgroups=1), tpg(BK=128)) == (2, 1, 2, 1)
     assert c.name == "gemm_64x64x64_w64x64_p8_s1_wg_tma_rs2"
-    for name, why in (("gptq_v2_w4a16_g128", r"stored \[N, K\]"), ("bnb_nf4", "pack order"),
-                      ("w2a16_g128", "4-bit"), ("fp16", "4-bit")):
+    for name, why in (("gptq_v2_w4a16_g128", r"stored \[N, K\] packed along k"), ("fp16", "sub-byte"),
+                      ("fp8_e4m3_w8a16", "sub-byte"),
+                      ("mxfp4", "scale groups of 32 split a 64-deep k-tile")):
         with pytest.raises(planner.PlanError, match=why):
             planner.geometry(spec(name), c, "sm_90")
+    # 1-bit codes: a 64-deep tile is 8 bytes a row
+    w1 = spec("w1a16_g128")
+    w1 = dataclasses.replace(w1, b=dataclasses.replace(w1.b, zero=dataclasses.replace(w1.b.zero, kind="none", dtype=None),
+                                                       formula="(q - z) * s"))
+    with pytest.raises(planner.PlanError, match="8 bytes a row"):
+        planner.geometry(w1, c, "sm_90")
+    # float zero points (w1a16: q * s - z) are not the rs GEMM's
+    with pytest.raises(planner.PlanError, match=r"\(q - z\) \* s codes"):
+        planner.geometry(spec("w1a16_g128"), dataclasses.replace(c, BK=128), "sm_90")
     with pytest.raises(planner.PlanError, match="sm_90a"):
         planner.geometry(spec("w4a16_sym_g128"), c, "sm_80")
     for bad, why in ((dict(split_k=2), "split_k 1"), (dict(kgroups=3), "k-groups"),
@@ -38,9 +48,21 @@ def test_rs_gemm_rules():
             planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(c, **bad), "sm_90")
     cands = [c for c in planner.candidates(spec("w4a16_sym_g128"), "sm_90", 64, 8192, 8192) if c.rs]
     assert {c.kgroups for c in cands} == {1, 2, 4} and {c.BM for c in cands} >= {16, 32, 64, 128}
-    rs_specs = ("w4a16_sym_g128", "gptq_v1_w4a16_g128_repacked", "gptq_v2_w4a16_g128_repacked")
-    assert not any(c.rs for n in MATMUL if n not in rs_specs
-                   for c in planner.candidates(spec(n), "sm_90", 64, 8192, 8192))
+    # which shipped specs have an rs GEMM (as stored: GPTQ and AWQ only in
+    # their execution layouts), and which decoding each runs
+    have = {n: planner.rs.kernel_class(spec(n), "sm_90") for n in MATMUL
+            if any(c.rs for c in planner.candidates(spec(n), "sm_90", 64, 8192, 8192))}
+    assert {n: k.rsplit("/", 1)[0] for n, k in have.items()} == {
+        "w4a16_sym_g128": "magic/halves", "gptq_v1_w4a16_g128_repacked": "magic_int_zero/halves",
+        "gptq_v2_w4a16_g128_repacked": "magic_int_zero/halves", "w2a16_g128": "magic/pairs",
+        "bitnet_b158": "magic_cvt_scale/pairs", "bnb_nf4": "table_cvt_scale/pairs"}
+    assert {k.rsplit("/", 1)[1] for k in have.values()} == {"float16"}
+    # bfloat16 activations: the same decoding, not yet run on the device
+    bf = spec("w4a16_sym_g128")
+    bf = dataclasses.replace(bf, a=dataclasses.replace(bf.a, dtype="bfloat16"),
+                             b=dataclasses.replace(bf.b, scale=dataclasses.replace(bf.b.scale, dtype="bfloat16")))
+    assert planner.rs.kernel_class(bf, "sm_90") == "magic/halves/bfloat16"
+    assert planner.family_of(planner.heuristic(bf, "sm_90", 64, 8192, 8192)).name != "rs"
     # integer zero points: the subtract of 1024 + z must stay an integer add
     # on the fp16 bits (unsigned 4-bit codes: 1024 .. 1039), signed ones
     # (1016 .. 1031) cross a binade
@@ -53,3 +75,20 @@ def test_rs_gemm_rules():
     # its own register table: four 128-deep k-groups of 32 rows do not fit
     with pytest.raises(planner.PlanError, match="registers"):
         planner.geometry(gq, dataclasses.replace(c, BM=32, WN=32, BK=128, kgroups=4), "sm_90")
+
+
+def test_pairs_of_other_layouts():
+    """Layouts other than the interleaved 4-bit one: each lane's pair moved
+    into a word's halves (lower.rs_pairs), the scales converted where they
+    are not the activations' type; the heuristic picks only the decodings
+    run on the device (hw.H200.rs_verified), the tuner times all."""
+    c = planner.Config("gemm", 64, 64, 64, 64, 64, 8, 1, wgmma=True, tma=True, rs=True, kgroups=2)
+    for name, words in (("w2a16_g128", 4), ("bitnet_b158", 4), ("bnb_nf4", 8)):
+        g = planner.geometry(spec(name), c, "sm_90")
+        assert not g["interleaved4"] and g["words"] == words and g["b_rowb"] == 4 * words
+        assert planner.rs.kernel_class(spec(name), "sm_90") not in hw.H200.rs_verified
+        assert planner.family_of(planner.heuristic(spec(name), "sm_90", 64, 8192, 8192)).name != "rs"
+    nf4 = planner.geometry(spec("bnb_nf4"), c, "sm_90")["pairs"]
+    # element 2j sits in the high nibble of byte j: lane q's pair at bits 8q + 4 and 8q
+    assert (nf4[0][0].word, nf4[0][0].shift, nf4[0][0].step, nf4[0][0].gap) == (0, 4, 8, -4)
+    assert planner.family_of(planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 64, 8192, 8192)).name == "rs"
