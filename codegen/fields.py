@@ -4,10 +4,10 @@ are required, what each key takes, its default and a line of help.
 validate.py reads every field through this table (`open_mapping`, then
 `FieldReader.get`), so the keys, enumerations and bounds it checks are the
 ones listed here; schema.py writes the same table out as JSON Schema.  The
-rules between fields (a scale group dividing a fixed K, what int8
-activations demand of the weight, ...) are validate.py's code; the few that
-depend on one enumerated field (the op, the zero kind, the weight dtype) are
-the tables at the end, read by both.
+rules between fields (a scale group dividing a fixed K, what 8-bit
+activations demand of the weight, when an int32 output is allowed, ...) are
+validate.py's code; the few that depend on one enumerated field (the op, the
+zero kind, the weight dtype) are the tables at the end, read by both.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from typing import Any, Dict, Optional, Tuple
 from .planner.config import SIZE_LIMIT
 from .spec import (
     ACCUMULATE, ACT_DTYPES, ACTIVATIONS, AXES, CONTAINERS, FLOAT_ZERO_DTYPES, FORMULAS,
-    INT_ZERO_DTYPES, LAYOUTS, OPS, OUT_DTYPES, SCALE_DTYPES, SCALE_LAYOUTS, WEIGHT_DTYPES,
-    ZERO_KINDS,
+    INT_OUT_DTYPES, INT_ZERO_DTYPES, LAYOUTS, OPS, OUT_DTYPES, SCALE_DTYPES, SCALE_LAYOUTS,
+    WEIGHT_DTYPES, ZERO_KINDS,
 )
 from .yaml_source import BAD, Ctx, PathT, Reader, is_int, show
 
@@ -202,7 +202,8 @@ MAPPINGS: Dict[str, Dict[str, Field]] = {
     "a": {
         "dtype": Choice(doc="element type of A", required=True, values=ACT_DTYPES,
                         what="activation dtype"),
-        "scale": Choice(doc="a float32 scale per row of A (int8 and float8_e4m3 activations)",
+        "scale": Choice(doc="a float32 scale per row of A (int8 and float8_e4m3 activations; "
+                            "none with an int32 output)",
                         values=("row",), what="activation scale"),
     },
     "b": {
@@ -245,8 +246,9 @@ MAPPINGS: Dict[str, Dict[str, Field]] = {
         "value": Integer(doc="kind const: the zero point of every element", default=0),
     },
     "out": {
-        "dtype": Choice(doc="element type of out", required=True,
-                        values=OUT_DTYPES + QUANT_OUT_DTYPES, what="output dtype"),
+        "dtype": Choice(doc="element type of out (int32: the raw accumulator of int8 "
+                            "activations, no scales)", required=True,
+                        values=OUT_DTYPES + INT_OUT_DTYPES + QUANT_OUT_DTYPES, what="output dtype"),
     },
     "epilogue": {
         "bias": Flag(doc="add bias[N] (out dtype)", default=False),
@@ -258,7 +260,7 @@ MAPPINGS: Dict[str, Dict[str, Field]] = {
 # Rules that hang on one enumerated field.
 OP_REQUIRES = {"matmul": ("b",), "quantize": ("out",)}
 OP_FORBIDS = {"matmul": (), "quantize": ("b",)}
-OP_OUT_DTYPES = {"matmul": OUT_DTYPES, "quantize": QUANT_OUT_DTYPES}
+OP_OUT_DTYPES = {"matmul": OUT_DTYPES + INT_OUT_DTYPES, "quantize": QUANT_OUT_DTYPES}
 OP_ACT_DTYPES = {"matmul": ACT_DTYPES, "quantize": QUANT_ACT_DTYPES}
 ZERO_KIND_KEYS = {"none": (), "const": ("value",), "float": ("dtype",),
                   "int": ("dtype", "pack", "offset")}

@@ -91,8 +91,9 @@ def random_activation(spec: Spec, M: int, K: int,
                       rng: np.random.Generator) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """Random activation in spec.a.dtype's storage: N(0, 1) values, cast
     (float16 / bfloat16 bits) or quantized per row with quantize_activation
-    (int8 / float8_e4m3, returning their a_scale). For op "quantize" specs this
-    is the float input. Returns (a, a_scale or None)."""
+    (int8 / float8_e4m3, returning their a_scale; an int32-output spec has no
+    activation scale: its codes alone, full-range rows). For op "quantize"
+    specs this is the float input. Returns (a, a_scale or None)."""
     x = rng.standard_normal((M, K)).astype(np.float32)
     dt = spec.a.dtype
     if dt == "float16":

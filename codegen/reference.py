@@ -5,10 +5,18 @@ every GPU kernel test.
   [N, K]; how its tensors are stored is storage.py's (raw codes, storage
   dtypes, the logical [R, G] form of scales and zeros).
 * Dequantization runs in float32: "(q - z) * s" or "q * s - z".
-* The matmul itself runs in float64 (int32-accumulate specs: exact integer
-  sums per group, then scales), then bias, then the activation, then one
+* The matmul itself runs in float64, then bias, then the activation, then one
   rounding to float32 (`reference_matmul_f32`) and one to the out dtype
-  (`reference_matmul`).
+  (`reference_matmul`).  8-bit activation codes times integer weights
+  (int32-accumulate specs; float8_e4m3 activations with integer or ternary
+  codes) take the exact path: per scale group the exact sum of the codes'
+  products a[m, k] * (q - z)[k, n], then * s[n, g] summed over groups, then
+  * a_scale[m], all in float64 (`_exact_matmul`).
+* out.dtype int32 (int8 activations, no scales) is that exact integer sum
+  itself: `reference_matmul` returns it as np.int32, bit-exact; a sum beyond
+  int32 is an error of the inputs (ValueError), never wrapped: every kernel's
+  int32 accumulator, summing in any order with two's-complement wraparound,
+  ends at the exact sum whenever that fits.
 * Activations are quantized per row (`quantize_activation`: the op quantize
   kernels and int8 / fp8 matmul inputs); weights are quantized by quantize_weight.py.
 """
@@ -20,8 +28,8 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import numerics as nx
-from .spec import (Spec, Weight, codes_per_container, scale_shape, weight_code,
-                   weight_storage_shape, zero_shape)
+from .spec import (A8_DTYPES, INT_OUT_DTYPES, Spec, Weight, codes_per_container, scale_shape,
+                   weight_code, weight_storage_shape, zero_shape)
 from .storage import (SpecLike, decode_storage, decode_zeros, expand, from_layout,
                       sign_extend, weight_of)
 
@@ -228,38 +236,66 @@ def apply_activation(name: str, x: np.ndarray) -> np.ndarray:
     raise ValueError(f"unknown activation {name!r}")
 
 
-def _int_matmul(spec: Spec, a: np.ndarray, a_scale, tensors: dict, N: int, K: int) -> np.ndarray:
-    """int32-accumulate path: exact integer sums of a_codes * (q - z) per
-    scale group, then * s[n, g], summed over groups, then * a_scale[m]."""
+# Integer weight codes: q - z is an integer the 8-bit product multiplies exactly.
+_INT_CODES = ("uint", "int", "ternary")
+# The activation codes' values are integer multiples of this (e4m3: its
+# smallest subnormal, 2^-9), so float64 sums of their products with integers
+# are exact below 2^53 of it.
+_A8_UNIT = {"int8": 1.0, "float8_e4m3": 2.0 ** -9}
+
+
+def _exact_path(spec: Spec) -> bool:
+    """Whether spec's product is _exact_matmul's: int32 accumulation, or fp8
+    activation codes times the integers q - z (every valid spec of fp8
+    activations with integer weight codes; the others take the float path)."""
+    w = spec.b
+    return spec.accumulate == "int32" or (
+        spec.a.dtype == "float8_e4m3" and weight_code(w).kind in _INT_CODES and _integer_qz(w))
+
+
+def _integer_qz(w: Weight) -> bool:
+    """Whether the weight is (q - z) * s with an integer z (without a zero
+    point the two formulas are one)."""
+    return w.zero.kind == "none" or (w.formula == "(q - z) * s" and w.zero.kind != "float")
+
+
+def _exact_matmul(spec: Spec, a: np.ndarray, a_scale, tensors: dict, N: int, K: int) -> np.ndarray:
+    """8-bit activation codes times integer weights: per scale group the
+    exact sum of a_codes * (q - z), then * s[n, g], summed over groups, then
+    * a_scale[m] (float64). Without scales the result is the exact sum itself."""
     w = spec.b
     code = weight_code(w)
-    if spec.a.dtype != "int8" or code.kind not in ("uint", "int", "ternary"):
-        raise ValueError(f"spec {spec.name!r}: int32 accumulation needs int8 activations "
-                         f"and integer weight codes")
-    if w.formula != "(q - z) * s" or w.zero.kind == "float":
-        raise ValueError(f"spec {spec.name!r}: int32 accumulation needs formula "
+    if spec.a.dtype not in A8_DTYPES or code.kind not in _INT_CODES:
+        raise ValueError(f"spec {spec.name!r}: the exact product needs int8 / float8_e4m3 "
+                         f"activations and integer weight codes")
+    if not _integer_qz(w):
+        raise ValueError(f"spec {spec.name!r}: the exact product needs formula "
                          f"'(q - z) * s' with an integer zero point")
+    if spec.a.scale != "row" and a_scale is not None:
+        raise ValueError(f"spec {spec.name!r}: its activations have no scale; pass no a_scale")
+    if spec.a.scale == "row" and a_scale is None:
+        raise ValueError(f"spec {spec.name!r}: {spec.a.dtype} activations need a_scale")
     q = code_values(w, decode_storage(w, tensors["qweight"])).astype(np.int64)
     z = zeros_nk(w, tensors, N, K).astype(np.int64)
     qz = q - z                                           # [N, K] integers
     s = scale_logical(w, tensors, N, K).astype(np.float64)   # [R, G]
     G = s.shape[1]
     L = K // G
-    ai = np.asarray(a).astype(np.int64)
-    # Integer products summed in float64 (BLAS, fast) are exact while every
-    # partial sum stays below 2**53; check the worst case rather than assume.
-    bound = int(np.abs(ai).max(initial=0)) * int(np.abs(qz).max(initial=0)) * L
-    if bound >= 2**53:
-        raise ValueError("int32-accumulate reference: group too long for exact float64 sums")
-    af, qf = ai.astype(np.float64), qz.astype(np.float64)
-    acc = np.zeros((ai.shape[0], N), np.float64)
+    a = np.asarray(a)
+    af = (a.astype(np.float64) if spec.a.dtype == "int8"
+          else nx.fp8_e4m3_to_f32(a).astype(np.float64))          # the codes' exact values
+    # Products summed in float64 (BLAS, fast) are exact while every partial
+    # sum stays below 2**53 units; check the worst case rather than assume.
+    bound = float(np.abs(af).max(initial=0)) * int(np.abs(qz).max(initial=0)) * L
+    if not bound / _A8_UNIT[spec.a.dtype] < 2**53:
+        raise ValueError("exact-product reference: group too long for exact float64 sums")
+    qf = qz.astype(np.float64)
+    acc = np.zeros((a.shape[0], N), np.float64)
     for g in range(G):
-        part = af[:, g * L:(g + 1) * L] @ qf[:, g * L:(g + 1) * L].T    # exact integers
+        part = af[:, g * L:(g + 1) * L] @ qf[:, g * L:(g + 1) * L].T    # exact
         acc += part * s[:, g][None, :]
     if a_scale is not None:
         acc *= np.asarray(a_scale, dtype=np.float32).astype(np.float64)[:, None]
-    elif spec.a.scale == "row":
-        raise ValueError(f"spec {spec.name!r}: int8 activations need a_scale")
     return acc
 
 
@@ -275,15 +311,23 @@ def reference_matmul_f32(spec: Spec, a: np.ndarray, tensors: dict,
     float array of real values (the numpy dtype tells bits from values).
     w_real: dequantize(spec, tensors, N, K) when the caller already has it
     (it takes seconds at LLM sizes; tests reuse one weight for many checks).
+    An int32 output: its exact value (reference_matmul), rounded to float32
+    as a kernel's int32 output converted with astype(np.float32) is.
     """
+    return _matmul64(spec, a, tensors, a_scale, bias, w_real).astype(np.float32)
+
+
+def _matmul64(spec: Spec, a: np.ndarray, tensors: dict, a_scale, bias, w_real) -> np.ndarray:
+    """act(a_real @ W^T + bias) in float64 (an int32 output: checked to be
+    the exact int32 sum)."""
     if spec.op != "matmul":
         raise ValueError(f"spec {spec.name!r} is op {spec.op}, not a matmul")
     w = spec.b
     a = np.asarray(a)
     M, K = a.shape
     N = _infer_n(w, tensors["qweight"], K)
-    if spec.accumulate == "int32":
-        acc = _int_matmul(spec, a, a_scale, tensors, N, K)
+    if _exact_path(spec):
+        acc = _exact_matmul(spec, a, a_scale, tensors, N, K)
     else:
         a_real = activation_to_float(spec, a, a_scale).astype(np.float64)
         W = dequantize(w, tensors, N, K) if w_real is None else w_real
@@ -294,15 +338,33 @@ def reference_matmul_f32(spec: Spec, a: np.ndarray, tensors: dict,
         acc = acc + float_or_bf16_bits(bias).reshape(N).astype(np.float64)
     elif bias is not None:
         raise ValueError(f"spec {spec.name!r} has no bias in its epilogue")
-    return apply_activation(spec.epilogue.activation, acc).astype(np.float32)
+    out = apply_activation(spec.epilogue.activation, acc)
+    if spec.out.dtype in INT_OUT_DTYPES:
+        _check_int32(spec, out)
+    return out
+
+
+def _check_int32(spec: Spec, out: np.ndarray) -> None:
+    """An int32 output is the exact integer sum, and it must fit."""
+    if not np.array_equal(out, np.rint(out)):
+        raise ValueError(f"spec {spec.name!r}: an int32 output is an integer sum (no scales, "
+                         f"no float epilogue)")
+    lo, hi = float(out.min(initial=0)), float(out.max(initial=0))
+    if lo < -2**31 or hi > 2**31 - 1:
+        raise ValueError(f"spec {spec.name!r}: the int32 output overflows (sums {lo:.0f}.."
+                         f"{hi:.0f}, int32 holds {-2**31}..{2**31 - 1})")
 
 
 def reference_matmul(spec: Spec, a: np.ndarray, tensors: dict,
                      a_scale: Optional[np.ndarray] = None,
                      bias: Optional[np.ndarray] = None) -> np.ndarray:
-    """reference_matmul_f32 cast (RNE) to the out dtype's storage: np.float16,
-    bfloat16 bits as np.uint16, or np.float32."""
-    return nx.to_storage(reference_matmul_f32(spec, a, tensors, a_scale, bias), spec.out.dtype)
+    """The float32 reference cast (RNE) to the out dtype's storage:
+    np.float16, bfloat16 bits as np.uint16, or np.float32; an int32 output
+    is the exact integer sum, np.int32, bit-exact."""
+    out = _matmul64(spec, a, tensors, a_scale, bias, None)
+    if spec.out.dtype in INT_OUT_DTYPES:
+        return out.astype(np.int32)
+    return nx.to_storage(out.astype(np.float32), spec.out.dtype)
 
 
 def _infer_n(w: Weight, qweight: np.ndarray, K: int) -> int:

@@ -28,7 +28,7 @@ from .spec import (
     EXACT_INTS, WEIGHT_CODES, WEIGHT_DTYPES, ZERO_KINDS, Activation, Output, Pack, Spec, Weight,
     Zero,
 )
-from .validate import FLOAT_WEIGHT_DTYPES, zero_range
+from .validate import A8_DECODE_INTS, FLOAT_WEIGHT_DTYPES, SUB_BYTE_INT_DTYPES, zero_range
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 SHIPPED = "spec.schema.json"          # in the opgen.specs package, next to the shipped specs
@@ -97,13 +97,15 @@ def _zero_bounds() -> Dict[str, dict]:
             continue
         bits = WEIGHT_CODES[wd].bits
         pack = Pack("int32", "k", tuple(range(32 // bits))) if bits < 8 else None
-        for a in EXACT_INTS:
+        acts = tuple(EXACT_INTS) + (tuple(A8_DECODE_INTS) if wd in SUB_BYTE_INT_DTYPES else ())
+        for a in acts:
             base = Spec(name="bounds", op="matmul", a=Activation(a), b=Weight(wd, pack=pack),
                         out=Output())
             ranges["value"].append(zero_range(_with(base, Zero("const"))))
             for zd in ZERO_KIND_DTYPES["int"]:
                 ranges["offset"].append(zero_range(_with(base, Zero("int", zd))))
-    return {k: {"minimum": min(r[0] for r in v), "maximum": max(r[1] for r in v)}
+    return {k: {"minimum": min(r[0] for r in v if r[0] <= r[1]),
+                "maximum": max(r[1] for r in v if r[0] <= r[1])}      # (lo > hi: none fits)
             for k, v in ranges.items()}
 
 

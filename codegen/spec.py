@@ -13,6 +13,9 @@ from typing import Dict, Optional, Tuple
 
 # --- vocabulary ---------------------------------------------------------------
 ACT_DTYPES = ("float16", "bfloat16", "int8", "float8_e4m3")
+# Activations stored as 8-bit codes: a per-row float32 scale (none with an
+# int32 output); the product runs on the codes (docs/spec.md).
+A8_DTYPES = ("int8", "float8_e4m3")
 WEIGHT_DTYPES = (
     "float16", "bfloat16", "int8", "uint8", "int4", "uint4", "int2", "uint2",
     "uint1", "ternary", "nf4", "fp4_e2m1", "float8_e4m3", "float8_e5m2", "codebook",
@@ -28,6 +31,9 @@ AXES = ("k", "n")
 FORMULAS = ("(q - z) * s", "q * s - z")
 ACCUMULATE = ("float32", "int32")
 OUT_DTYPES = ("float16", "bfloat16", "float32")
+# The raw int32 accumulator: a matmul output only of int8 activations with
+# no scale at all (validate.py), so kept apart from the outputs any matmul takes.
+INT_OUT_DTYPES = ("int32",)
 ACTIVATIONS = ("none", "relu", "silu", "gelu")
 OPS = ("matmul", "quantize")
 

@@ -1,4 +1,5 @@
 """Plain spec data -> validated, frozen `Spec` (or every problem, with its line).
+(Over 500 lines: the rules between fields all read one partly-read document.)
 
 Public API:
     spec_from_dict(d, filename="<dict>") -> Spec          raises SpecErrors
@@ -31,14 +32,25 @@ from .fields import (
 )
 from .planner.config import shape_problems
 from .spec import (
-    CONTAINER_BITS, EXACT_INTS, FINITE_MAX, WEIGHT_CODES,
-    Activation, Epilogue, Output, Pack, Scale, Shape, Spec, Weight, Zero,
+    A8_DTYPES, CONTAINER_BITS, EXACT_INTS, FINITE_MAX, INT_OUT_DTYPES, INT_ZERO_DTYPES,
+    WEIGHT_CODES, Activation, Epilogue, Output, Pack, Scale, Shape, Spec, Weight, Zero,
 )
 from .yaml_source import BAD, Ctx, PathT, allowed_values, is_int, ok, show
 
 # weight formats whose codes already are (signed) numbers: no zero point
 FLOAT_WEIGHT_DTYPES = ("float16", "bfloat16", "float8_e4m3", "float8_e5m2",
                        "nf4", "fp4_e2m1", "codebook", "ternary")
+
+# 8-bit activations take their own 8-bit weights (the W8A8 kernels' rules:
+# a channel or tensor scale or none, no zero point) or integer codes below 8
+# bits, ternary included (issue 29): those are widened to the activation type,
+# so q - z is an integer the 8-bit product multiplies exactly.
+SUB_BYTE_INT_DTYPES = tuple(d for d, c in WEIGHT_CODES.items()
+                            if c.kind in ("uint", "int", "ternary") and c.bits < 8)
+# The integers each 8-bit activation type holds exactly (int8: its range; e4m3,
+# 3 mantissa bits: |x| <= 2^4): every zero point and every q - z of sub-byte
+# weights decoded to it must be one of them.
+A8_DECODE_INTS = {"int8": (-128, 127), "float8_e4m3": (-16, 16)}
 
 
 def _read_pack(ctx: Ctx, value, path: PathT):
@@ -193,11 +205,6 @@ def validate_data(data, ctx: Ctx) -> Spec:
         ar = open_mapping(ctx, top.raw("a"), ("a",), "a")
         if ar is not None:
             a_dtype, a_scale = ar.get("dtype"), ar.get("scale")
-            if a_dtype in ("int8", "float8_e4m3") and a_scale is None:
-                ctx.err(("a", "scale"), f"{a_dtype} activations need `scale: row` "
-                                        f"(a per-row float32 scale)")
-            elif a_dtype in ("float16", "bfloat16") and a_scale == "row":
-                ctx.err(("a", "scale"), f"{a_dtype} activations take no scale; remove it")
 
     # out
     out_dtype = "float16"
@@ -227,7 +234,7 @@ def validate_data(data, ctx: Ctx) -> Spec:
     elif op == "matmul" and not top.has("b"):
         ctx.err(("b",), "required for op matmul")
     elif top.has("b"):
-        weight = _validate_weight(ctx, top.raw("b"), Nf, Kf, a_dtype)
+        weight = _validate_weight(ctx, top.raw("b"), Nf, Kf, a_dtype, out_dtype)
 
     # --- cross-field rules ----------------------------------------------------
     w = weight if isinstance(weight, Weight) else None
@@ -251,6 +258,9 @@ def validate_data(data, ctx: Ctx) -> Spec:
         ctx.err(("accumulate",), "int8 activations need `accumulate: int32`")
     if a_dtype == "float8_e4m3" and accumulate == "int32":
         ctx.err(("accumulate",), "float8_e4m3 activations need `accumulate: float32`")
+    _check_activation_scale(ctx, a_dtype, a_scale, out_dtype)
+    if out_dtype in INT_OUT_DTYPES:
+        _check_int_output(ctx, a_dtype, bias, act)
 
     ctx.raise_if_any()
     assert ok(name, op, a_dtype, a_scale, out_dtype, accumulate, bias, act, weight), \
@@ -266,6 +276,35 @@ def validate_data(data, ctx: Ctx) -> Spec:
     return spec
 
 
+def _check_activation_scale(ctx: Ctx, a_dtype, a_scale, out_dtype) -> None:
+    if a_dtype in A8_DTYPES and a_scale is None:
+        if out_dtype not in INT_OUT_DTYPES:
+            raw = " unless out.dtype is int32 (the raw accumulator)" if a_dtype == "int8" else ""
+            ctx.err(("a", "scale"), f"{a_dtype} activations need `scale: row` "
+                                    f"(a per-row float32 scale){raw}")
+    elif a_dtype in ("float16", "bfloat16") and a_scale == "row":
+        ctx.err(("a", "scale"), f"{a_dtype} activations take no scale; remove it")
+    elif a_scale == "row" and out_dtype in INT_OUT_DTYPES:
+        ctx.err(("a", "scale"), "an int32 output is the raw accumulator, which no scale "
+                                "applies to: remove a.scale, or choose out.dtype float16, "
+                                "bfloat16 or float32")
+
+
+def _check_int_output(ctx: Ctx, a_dtype, bias, act) -> None:
+    """out.dtype int32: Σ_k A[m, k] · q(k, n) as the int32 MMA leaves it (its
+    weight-side rule, no b.scale, is _validate_weight's)."""
+    if a_dtype not in ("int8", BAD):
+        ctx.err(("out", "dtype"), f"int32 is the raw int32 accumulator of int8 activations; "
+                                  f"a.dtype is {a_dtype} (allowed with it: float16, bfloat16, "
+                                  f"float32)")
+    if bias is True:
+        ctx.err(("epilogue", "bias"), "an int32 output is the raw accumulator: no bias "
+                                      "(allowed: false)")
+    if act not in ("none", BAD):
+        ctx.err(("epilogue", "activation"), "an int32 output is the raw accumulator: no "
+                                            "activation (allowed: none)")
+
+
 # --- what the kernels hold -----------------------------------------------------------
 
 def kernel_problems(spec: Spec) -> List[Tuple[PathT, str]]:
@@ -275,15 +314,21 @@ def kernel_problems(spec: Spec) -> List[Tuple[PathT, str]]:
     out = [(("shape", dim), message) for dim, message in
            shape_problems(spec, N=spec.shape.N, K=spec.shape.K, M=spec.shape.M)]
     w = spec.b
-    if w is None or spec.a.dtype not in EXACT_INTS:
+    if w is None or decode_ints(spec) is None:
         return out
     if w.zero.kind in ("const", "int"):
         key = "value" if w.zero.kind == "const" else "offset"
         v = getattr(w.zero, key)
         lo, hi, why = zero_range(spec)
-        if not lo <= v <= hi:
+        if lo > hi:         # no offset fits this zero dtype at all
+            fit = [d for d in INT_ZERO_DTYPES if _zero_dtype_fits(spec, d)]
+            zc = WEIGHT_CODES[w.zero.dtype]
+            out.append((("b", "zero", "dtype"), f"{w.zero.dtype} zero points ({zc.lo}..{zc.hi}) "
+                                                f"cannot all be exact: {why} "
+                                                f"{allowed_values(fit)}"))
+        elif not lo <= v <= hi:
             out.append((("b", "zero", key), f"{v} is out of range (allowed: {lo}..{hi}: {why})"))
-    if w.codebook is not None:
+    if w.codebook is not None and spec.a.dtype in FINITE_MAX:
         top = FINITE_MAX[spec.a.dtype]
         big = [x for x in w.codebook if abs(x) > top]
         if big:
@@ -292,36 +337,61 @@ def kernel_problems(spec: Spec) -> List[Tuple[PathT, str]]:
     return out
 
 
+def decode_ints(spec: Spec) -> Optional[Tuple[int, int]]:
+    """(L, H): the integers the kernels' decode of spec's weight codes holds
+    exactly, so zero points and q - z must lie in L..H; None where no zero
+    point or code passes through such a decode (8-bit activations with their
+    own 8-bit weights). float16 / bfloat16 activations: the weights are
+    decoded to that type (EXACT_INTS); int8 / fp8 activations with sub-byte
+    weights: to the 8-bit type (A8_DECODE_INTS)."""
+    a = spec.a.dtype
+    if a in EXACT_INTS:
+        return -EXACT_INTS[a], EXACT_INTS[a]
+    if a in A8_DECODE_INTS and spec.b is not None and spec.b.dtype in SUB_BYTE_INT_DTYPES:
+        return A8_DECODE_INTS[a]
+    return None
+
+
 def zero_range(spec: Spec) -> Tuple[int, int, str]:
-    """(lo, hi, why) of the zero point of a float16/bfloat16-activation spec:
-    of b.zero.value (kind const) or b.zero.offset (kind int). The decode
-    subtracts zero points in the activation type, so each zero point and
+    """(lo, hi, why) of the zero point of a spec whose decode has exact
+    integer bounds (decode_ints): of b.zero.value (kind const) or
+    b.zero.offset (kind int); lo > hi when no value fits. The decode
+    subtracts zero points in the type it decodes to, so each zero point and
     every q - z must be integers that type holds exactly; a const zero point
-    also joins the magic number of the fast integer decode (lower.decode_plan),
-    and that constant must be exact too."""
+    also joins the magic number of the fast float16/bfloat16 integer decode
+    (lower.decode_plan), and that constant must be exact too."""
     w, a = spec.b, spec.a.dtype
-    E = EXACT_INTS[a]
+    L, H = decode_ints(spec)
+    held = (f"an integer {a} holds exactly, |x| <= {H}" if L == -H else
+            f"an integer {a} holds, {L}..{H}")
     q = WEIGHT_CODES[w.dtype]
     codes = f"the {w.dtype} codes q = {q.lo}..{q.hi}"
     if w.zero.kind == "const":
-        lo, hi = q.hi - E, q.lo + E
-        why = f"every q - z over {codes} must be an integer {a} holds exactly, |x| <= {E}"
-        at_zero = dataclasses.replace(spec, b=dataclasses.replace(w, zero=Zero("const", value=0)))
-        dec = lower.decode_plan(lower.weight_layout(at_zero), lower.numerics(at_zero))
-        if dec.method == "magic" and E - dec.sub_value < hi:
-            hi = E - dec.sub_value
-            why += f"; so must {dec.sub_value} + z, the constant the decode subtracts"
+        lo, hi = q.hi - H, q.lo - L
+        why = f"every q - z over {codes} must be {held}"
+        if a in EXACT_INTS:             # the float16 / bfloat16 magic-number decode
+            at_zero = dataclasses.replace(spec, b=dataclasses.replace(w, zero=Zero("const")))
+            dec = lower.decode_plan(lower.weight_layout(at_zero), lower.numerics(at_zero))
+            if dec.method == "magic" and H - dec.sub_value < hi:
+                hi = H - dec.sub_value
+                why += f"; so must {dec.sub_value} + z, the constant the decode subtracts"
         return lo, hi, why
     zc = WEIGHT_CODES[w.zero.dtype]
-    lo = max(-E - zc.lo, q.hi - zc.lo - E)
-    hi = min(E - zc.hi, q.lo - zc.hi + E)
+    lo = max(L - zc.lo, q.hi - zc.lo - H)
+    hi = min(H - zc.hi, q.lo - zc.hi - L)
     why = (f"every zero point z = stored + offset over the {w.zero.dtype} codes "
-           f"{zc.lo}..{zc.hi}, and every q - z over {codes}, must be an integer {a} holds "
-           f"exactly, |x| <= {E}")
+           f"{zc.lo}..{zc.hi}, and every q - z over {codes}, must be {held}")
     return lo, hi, why
 
 
-def _validate_weight(ctx: Ctx, value, Nf: Optional[int], Kf: Optional[int], a_dtype):
+def _zero_dtype_fits(spec: Spec, zero_dtype: str) -> bool:
+    """Whether some offset makes every zero point of this dtype exact."""
+    w = dataclasses.replace(spec.b, zero=Zero("int", zero_dtype))
+    lo, hi, _ = zero_range(dataclasses.replace(spec, b=w))
+    return lo <= hi
+
+
+def _validate_weight(ctx: Ctx, value, Nf: Optional[int], Kf: Optional[int], a_dtype, out_dtype):
     bp = ("b",)
     r = open_mapping(ctx, value, bp, "b")
     if r is None:
@@ -418,31 +488,48 @@ def _validate_weight(ctx: Ctx, value, Nf: Optional[int], Kf: Optional[int], a_dt
         else:
             zero = BAD
 
-    # what the activation type demands of the weight
-    group_scale = isinstance(scale, Scale) and scale.granularity == "group"
+    # what the activation type (and an int32 output) demands of the weight
     zkind = zero["kind"] if isinstance(zero, dict) else None
-    if a_dtype == "int8":
-        if dtype not in ("int8", BAD):
-            ctx.err(r.p("dtype"), f"int8 activations need int8 weights; got {dtype}")
-        if group_scale:
-            ctx.err(sp + ("group",), "int8 activations need a channel or tensor weight scale "
-                                     "(or none); group scales cannot be applied after an "
-                                     "int32 dot product")
-        if zkind not in (None, "none"):
-            ctx.err(zp + ("kind",), "int8 activations need weights without zero points "
-                                    "(allowed: none)")
-    elif a_dtype == "float8_e4m3":
-        if dtype not in ("float8_e4m3", BAD):
-            ctx.err(r.p("dtype"), f"float8_e4m3 activations need float8_e4m3 weights; "
-                                  f"got {dtype}")
-        if group_scale:
-            ctx.err(sp + ("group",), "float8_e4m3 activations need a channel or tensor "
-                                     "weight scale (or none)")
+    if a_dtype in A8_DTYPES:
+        _check_a8_weight(r, a_dtype, dtype, scale, zkind, formula)
+    if out_dtype in INT_OUT_DTYPES and scale is not None:
+        ctx.err(sp, "an int32 output is the raw accumulator, which no scale applies to: "
+                    "remove b.scale, or choose out.dtype float16, bfloat16 or float32")
 
     if not ok(dtype, layout, pk, scale, zero, formula, cbits, codebook):
         return BAD
     return Weight(dtype=dtype, layout=layout, pack=pack, scale=scale, zero=zobj,
                   formula=formula, codebook=codebook, bits=cbits)
+
+
+def _check_a8_weight(r: FieldReader, a_dtype: str, dtype, scale, zkind, formula) -> None:
+    """int8 / float8_e4m3 activations: their own 8-bit weights as the W8A8
+    kernels take them, or sub-byte integer codes whose q - z is an integer
+    (SUB_BYTE_INT_DTYPES; the bounds on z are kernel_problems')."""
+    ctx, sp, zp = r.ctx, r.p("scale"), r.p("zero")
+    allowed = (a_dtype,) + SUB_BYTE_INT_DTYPES
+    if dtype is BAD:
+        return
+    if dtype not in allowed:
+        ctx.err(r.p("dtype"), f"{a_dtype} activations need {a_dtype} weights or integer codes "
+                              f"below 8 bits; got {dtype} {allowed_values(allowed)}")
+    elif dtype == a_dtype:
+        if isinstance(scale, Scale) and scale.granularity == "group":
+            ctx.err(sp + ("group",), f"{dtype} weights with {a_dtype} activations take a "
+                                     f"channel or tensor scale or none, not group "
+                                     f"{scale.group} (group scales: weights below 8 bits)")
+        if zkind not in (None, "none") and dtype not in FLOAT_WEIGHT_DTYPES:
+            ctx.err(zp + ("kind",), f"{dtype} weights with {a_dtype} activations take no zero "
+                                    f"point (allowed: none; zero points: weights below 8 bits)")
+    else:
+        if formula not in (BAD, "(q - z) * s") and zkind not in (None, "none"):
+            ctx.err(r.p("formula"), f"{a_dtype} activations multiply the integer q - z, then "
+                                    f"scale the sum: formula {formula!r} with a zero point "
+                                    f"has no such integer (allowed: (q - z) * s)")
+        if zkind == "float":
+            ctx.err(zp + ("kind",), f"float zero points with {a_dtype} activations: q - z would "
+                                    f"not be an integer, which the 8-bit product needs "
+                                    f"(allowed: none, const, int)")
 
 
 # --- public API ---------------------------------------------------------------------
@@ -487,5 +574,6 @@ def specialize_shape(spec: Spec, M: Optional[int] = None, N: Optional[int] = Non
 
 __all__ = [
     "spec_from_dict", "validate_data", "specialize_shape", "kernel_problems", "zero_range",
-    "FLOAT_WEIGHT_DTYPES", "QUANT_OUT_DTYPES", "QUANT_ACT_DTYPES",
+    "decode_ints", "FLOAT_WEIGHT_DTYPES", "SUB_BYTE_INT_DTYPES", "A8_DECODE_INTS",
+    "QUANT_OUT_DTYPES", "QUANT_ACT_DTYPES",
 ]

@@ -8,7 +8,7 @@ from typing import Dict, Tuple
 
 from .. import hw
 from ..lower import numerics, weight_layout
-from ..spec import Spec
+from ..spec import A8_DTYPES, INT_OUT_DTYPES, Spec
 from . import dequant, gemm, gemv, rs, tma
 from .config import Config, PlanError
 from .dequant import DEQUANT, dense_twin
@@ -32,6 +32,16 @@ def family_of(cfg: Config) -> Family:
 def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     """Template constants for (spec, cfg, arch), or PlanError saying why not.
     A predecode config's: its dense GEMM's, marked predecode."""
+    # 8-bit activations run only on the W8A8 kernels (their own 8-bit weights,
+    # a float output). The language also takes them with sub-byte weights and
+    # an int32 output (docs/spec.md); issue 29's kernels (codes widened to
+    # int8 / e4m3 in registers, scales per k-group) lift this refusal.
+    if spec.a.dtype in A8_DTYPES and spec.b is not None and spec.b.dtype != spec.a.dtype:
+        raise PlanError(f"no kernel family serves {spec.a.dtype} activations with sub-byte "
+                        f"weights ({spec.b.dtype}) yet")
+    if spec.out.dtype in INT_OUT_DTYPES:
+        raise PlanError(f"no kernel family writes an {spec.out.dtype} output (the raw "
+                        f"accumulator) yet")
     a = hw.arch(arch)
     num = numerics(spec, fp8_mma=a.fp8_mma)
     mma = hw.MMAS[num.mma]

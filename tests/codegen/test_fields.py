@@ -11,6 +11,7 @@ from opgen.codegen.canonical import spec_to_yaml_dict
 from opgen.codegen.errors import SpecErrors
 from opgen.codegen.planner.config import SIZE_LIMIT
 from opgen.codegen.resolve import load_spec
+from opgen.codegen.spec import INT_OUT_DTYPES, OUT_DTYPES
 from opgen.codegen.validate import spec_from_dict
 
 # One spec that holds every mapping of the table (where a mapping occurs twice,
@@ -128,3 +129,12 @@ def test_rules_on_one_field_name_known_values():
     for dtypes in F.ZERO_KIND_DTYPES.values():
         assert set(dtypes) <= set(F.MAPPINGS["zero"]["dtype"].values)
     assert set(F.CODEBOOK_KEYS) <= set(F.MAPPINGS["b"])
+
+
+def test_int32_is_a_matmul_output_only():
+    """The raw accumulator: a matmul output (under validate.py's rules), never
+    a quantize one, and not among the outputs any matmul takes (OUT_DTYPES)."""
+    assert "int32" in F.OP_OUT_DTYPES["matmul"] and "int32" in F.MAPPINGS["out"]["dtype"].values
+    assert "int32" not in F.OP_OUT_DTYPES["quantize"] and "int32" not in OUT_DTYPES
+    assert set(INT_OUT_DTYPES) == {"int32"}
+    assert "int32 output" in F.MAPPINGS["a"]["scale"].doc

@@ -1,11 +1,11 @@
 """The spec fuzzer (cross-cutting: the YAML reader, the validator, `opgen
 check`, the planner's shape rule).
 
-Mutates the shipped specs -- fields deleted, duplicated, retyped, swapped,
-shared (aliases), nested deep; huge, negative and odd numbers; unicode;
-YAML 1.1 forms; truncation, random bytes, hostile snippets; files up to 1 MB
--- and runs `opgen check` on each through the real entry point
-(opgen.cli.main, in process).  Properties: exit 0, or exit 2 with one located
+Mutates the shipped specs and the 8-bit-activation examples (a8_specs/) --
+fields deleted, duplicated, retyped, swapped, shared (aliases), nested deep;
+huge, negative and odd numbers; unicode; YAML 1.1 forms; truncation, random
+bytes, hostile snippets; files up to 1 MB -- and runs `opgen check` on each
+through the real entry point (opgen.cli.main, in process).  Properties: exit 0, or exit 2 with one located
 `FILE:LINE: field: message` line per problem; never a traceback; under
 CHECK_SECONDS per file; and a spec that check accepts with fixed N and K
 passes build's shape rule (planner.check_shape) for them.
@@ -26,6 +26,7 @@ import sys
 import time
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import yaml
@@ -49,7 +50,9 @@ def _settings(ci_examples: int):
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-SPECS = {name: path.read_text() for name, path in shipped_specs().items()}
+# the shipped specs and the examples of 8-bit activations with sub-byte weights
+A8_SPECS = {p.stem: p for p in (Path(__file__).parent / "a8_specs").glob("*.yaml")}
+SPECS = {name: path.read_text() for name, path in {**shipped_specs(), **A8_SPECS}.items()}
 DATA = {name: yaml.safe_load(text) for name, text in SPECS.items()}
 MATMUL = sorted(n for n, d in DATA.items() if d["op"] == "matmul")
 OUTCOMES = Counter()

@@ -1,7 +1,10 @@
 """Weight quantization (codegen/quantize_weight.py): exactly the storage the
 spec describes, every element the nearest representable value, the error
-within the format's bound, known values of the common formats."""
+within the format's bound, known values of the common formats; the example
+specs of 8-bit activations with sub-byte weights (tests/codegen/a8_specs)."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,9 +15,11 @@ from opgen.codegen import numerics as nx
 from opgen.codegen.quantize_weight import quantize
 from opgen.codegen.reference import (code_range, code_values, dequantize, n_raw_codes,
                                      scale_logical, scales_nk, zeros_nk)
+from opgen.codegen.resolve import load_spec
 from opgen.codegen.spec import (WEIGHT_CODES, Pack, Scale, Weight, Zero, scale_shape,
-                                weight_code, weight_storage_shape, zero_shape)
-from opgen.codegen.storage import blocks
+                                stored_shapes, weight_code, weight_storage_shape, zero_shape)
+from opgen.codegen.storage import blocks, decode_storage
+from opgen.codegen.validate import decode_ints
 from weight_strategies import FLOAT16_DTYPES, SETTINGS, storage_dtype, weights
 
 
@@ -174,3 +179,40 @@ def test_deterministic():
     x = np.random.default_rng(0).standard_normal((8, 128)).astype(np.float32)
     a, b = quantize(w, x), quantize(w, x)
     assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+# --- the 8-bit-activation examples (issue 29) -------------------------------------------------
+
+A8 = {p.stem: load_spec(p) for p in (Path(__file__).parent / "a8_specs").glob("*.yaml")}
+
+
+@pytest.mark.parametrize("name", sorted(A8))
+def test_quantize_into_the_a8_examples(name):
+    """Their exact storage, every q - z an integer the 8-bit decode holds
+    (validate.decode_ints), the error within half a step per element."""
+    spec = A8[name]
+    N, K = 24, 256
+    x = np.random.default_rng(0).standard_normal((N, K)).astype(np.float32)
+    if spec.b.scale is None:
+        x *= 3                                    # unscaled int4: the codes are the values
+    t = quantize(spec, x)
+    assert {k: v.shape for k, v in t.items()} == stored_shapes(spec, N, K)
+    qz = code_values(spec.b, decode_storage(spec.b, t["qweight"])) - zeros_nk(spec, t, N, K)
+    lo, hi = decode_ints(spec)
+    assert np.all((lo <= qz) & (qz <= hi)) and np.array_equal(qz, np.rint(qz))
+    err = np.abs(dequantize(spec, t, N, K) - x)
+    s = scales_nk(spec, t, N, K)
+    if spec.b.dtype == "ternary":                 # BitNet: clipped at +-s by design
+        assert np.all(err[np.abs(x) <= s] <= s[np.abs(x) <= s] / 2 * (1 + 1e-6))
+    elif spec.b.scale is None:
+        assert np.array_equal(dequantize(spec, t, N, K), np.clip(np.rint(x), -8, 7))
+    else:
+        assert np.all(err <= s / 2 * (1 + 1e-3) + 1e-6), float((err / s).max())
+
+
+def test_w4a8_symmetric_scale_is_absmax_over_7():
+    """uint4 codes with the const zero 8 hold -8..7: s = absmax / 7 per channel."""
+    spec = A8["w4a8_int8"]
+    x = np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32)
+    t = quantize(spec, x)
+    assert np.allclose(t["scales"], np.abs(x).max(axis=1) / 7, rtol=1e-7)

@@ -1,17 +1,24 @@
 """Random valid inputs (codegen/random_data.py): codes over the whole code
-range, weight tensors in the exact storage, of a sensible magnitude."""
+range, weight tensors in the exact storage, of a sensible magnitude; the
+inputs of the 8-bit-activation example specs (tests/codegen/a8_specs)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from opgen.codegen import numerics as nx
-from opgen.codegen.random_data import random_codes, random_weight_tensors
-from opgen.codegen.reference import code_values, dequantize, n_raw_codes
-from opgen.codegen.spec import scale_shape, weight_storage_shape, zero_shape
+from opgen.codegen.random_data import random_activation, random_codes, random_weight_tensors
+from opgen.codegen.reference import (code_values, dequantize, n_raw_codes, reference_matmul,
+                                     reference_matmul_f32, zeros_nk)
+from opgen.codegen.resolve import load_spec
+from opgen.codegen.spec import scale_shape, stored_shapes, weight_storage_shape, zero_shape
+from opgen.codegen.storage import decode_storage
+from opgen.codegen.validate import decode_ints
 from weight_strategies import FLOAT16_DTYPES, SETTINGS, storage_dtype, weights
 
 
@@ -50,3 +57,32 @@ def test_random_weight_tensors(wnk, seed):
     # an integer z, which is unscaled): N(0,1) activations give O(1) outputs
     if w.scale is not None and not (w.formula == "q * s - z" and w.zero.kind in ("const", "int")):
         assert np.abs(dq).max() * math.sqrt(K) < 100
+
+
+# --- the 8-bit-activation examples (issue 29) -------------------------------------------------
+
+A8 = {p.stem: load_spec(p) for p in (Path(__file__).parent / "a8_specs").glob("*.yaml")}
+
+
+@pytest.mark.parametrize("name", sorted(A8))
+def test_random_inputs_of_the_a8_examples(name):
+    """Weights in their storage with every q - z an integer the 8-bit decode
+    holds, int8 / e4m3 activation codes with a per-row scale (none for the
+    int32 output), and a finite reference product of them."""
+    spec = A8[name]
+    rng = np.random.default_rng(2)
+    M, N, K = 3, 24, 256
+    t = random_weight_tensors(spec, N, K, rng)
+    assert {k: v.shape for k, v in t.items()} == stored_shapes(spec, N, K)
+    qz = code_values(spec.b, decode_storage(spec.b, t["qweight"])) - zeros_nk(spec, t, N, K)
+    lo, hi = decode_ints(spec)
+    assert np.all((lo <= qz) & (qz <= hi))
+    a, a_scale = random_activation(spec, M, K, rng)
+    assert a.dtype == (np.int8 if spec.a.dtype == "int8" else np.uint8) and a.shape == (M, K)
+    assert (a_scale is None) == (spec.a.scale is None)
+    out = reference_matmul(spec, a, t, a_scale)
+    if spec.out.dtype == "int32":
+        assert out.dtype == np.int32 and np.any(out != 0)
+    else:
+        ref = reference_matmul_f32(spec, a, t, a_scale)
+        assert np.all(np.isfinite(ref)) and 0.05 < np.abs(ref).mean() < 20    # O(1) outputs

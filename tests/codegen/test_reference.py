@@ -1,9 +1,13 @@
 """The reference semantics (codegen/reference.py): the matmul against a
 direct computation, the int32-accumulate path, bias and activations,
-activation quantization. Weight formats come from weight_strategies.py."""
+activation quantization; 8-bit activations with sub-byte weights and the
+int32 output (tests/codegen/a8_specs) against int64 numpy written here.
+Weight formats come from weight_strategies.py."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,12 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from opgen.codegen import numerics as nx
+from opgen.codegen.quantize_weight import quantize
 from opgen.codegen.random_data import random_activation, random_weight_tensors
 from opgen.codegen.reference import (activation_to_float, code_values, dequantize,
                                      quantize_activation, reference_matmul,
                                      reference_matmul_f32, zeros_nk)
 from opgen.codegen.spec import (WEIGHT_CODES, Activation, Epilogue, Output, Pack, Scale,
                                 Spec, Weight, Zero)
+from opgen.codegen.resolve import load_spec
 from opgen.codegen.storage import decode_storage
 from weight_strategies import SETTINGS, weights
 
@@ -149,3 +155,121 @@ def test_quantize_activation_fp8_and_bf16_input():
     a, s = random_activation(mm, 3, 32, np.random.default_rng(0))
     assert a.dtype == np.uint8 and s.shape == (3,)
     assert np.all(np.abs(nx.fp8_e4m3_to_f32(a)).max(axis=1) == 448)
+
+
+# --- 8-bit activations with sub-byte weights (issue 29), against int64 numpy ------------------
+
+A8 = {p.stem: load_spec(p) for p in (Path(__file__).parent / "a8_specs").glob("*.yaml")}
+
+
+def _pack_nibbles(x: np.ndarray) -> np.ndarray:
+    """[R, C] 4-bit codes -> [R, C/8] int32 words, element j of each run of 8
+    in bits 4j..4j+3 (the example specs' order 0..7)."""
+    u = (x.astype(np.int64) & 15).reshape(x.shape[0], -1, 8)
+    return (u << (4 * np.arange(8))).sum(axis=-1).astype(np.uint32).view(np.int32)
+
+
+@pytest.mark.parametrize("M,N,K", [(3, 24, 96), (1, 8, 32), (7, 40, 160), (5, 16, 4096)])
+def test_int32_output_is_the_exact_int64_sum(M, N, K):
+    """The guide's A int8 x B int4 -> int32, bit-exact at odd shapes: the int4
+    codes unpacked here by hand, the products summed in int64."""
+    spec = A8["int8_int4_int32"]
+    rng = np.random.default_rng(M * N + K)
+    q = rng.integers(-8, 8, size=(N, K))
+    a = rng.integers(-128, 128, size=(M, K)).astype(np.int8)
+    a[0] = -128                                   # the extremes: every product +-1024 or 896
+    q[0] = -8
+    t = {"qweight": _pack_nibbles(q)}
+    want = a.astype(np.int64) @ q.T
+    got = reference_matmul(spec, a, t)
+    assert got.dtype == np.int32 and got.shape == (M, N)
+    assert np.array_equal(got.astype(np.int64), want)
+    assert np.array_equal(reference_matmul_f32(spec, a, t), want.astype(np.float32))
+    assert got[0, 0] == 1024 * K
+    with pytest.raises(ValueError, match="no a_scale"):
+        reference_matmul(spec, a, t, a_scale=np.ones(M, np.float32))
+
+
+def test_int32_output_beyond_int32_is_an_error_not_a_wrap():
+    """-128 x -8 over K = 2^21 sums to 2^31: no int32 holds it."""
+    spec = A8["int8_int4_int32"]
+    K = 1 << 21
+    a = np.full((1, K), -128, np.int8)
+    t = {"qweight": _pack_nibbles(np.full((1, K), -8))}
+    with pytest.raises(ValueError, match="int32 output overflows"):
+        reference_matmul(spec, a, t)
+    a[0, :32] = 0                                  # 2^31 - 32768: fits, exactly
+    assert reference_matmul(spec, a, t).tolist() == [[2**31 - 32768]]
+
+
+@pytest.mark.parametrize("M,N,K", [(3, 24, 384), (2, 16, 128)])
+def test_group_scales_apply_per_group_to_exact_partial_sums(M, N, K):
+    """w4a8_int8_g128: per group g the int64 sum of a * (q - z), times the
+    fp16 scale s[g, n], summed over groups, times a_scale[m] (float64)."""
+    spec = A8["w4a8_int8_g128"]
+    rng = np.random.default_rng(K)
+    G = K // 128
+    q = rng.integers(0, 16, size=(N, K))
+    z = rng.integers(0, 16, size=(G, N))
+    s = (rng.uniform(0.5, 1.5, size=(G, N)) / 64).astype(np.float16)
+    t = {"qweight": _pack_nibbles(q), "scales": s, "zeros": _pack_nibbles(z)}
+    a, a_scale = random_activation(spec, M, K, rng)
+    acc = np.zeros((M, N))
+    for g in range(G):
+        ks = slice(128 * g, 128 * (g + 1))
+        part = a[:, ks].astype(np.int64) @ (q[:, ks] - z[g][:, None]).T
+        acc += part * s[g].astype(np.float64)[None, :]
+    want = (acc * a_scale.astype(np.float64)[:, None]).astype(np.float32)
+    assert np.array_equal(reference_matmul_f32(spec, a, t, a_scale), want)
+    assert np.array_equal(reference_matmul(spec, a, t, a_scale), want.astype(np.float16))
+    # the same real number as dequantizing first: only float rounding apart
+    f = reference_matmul_f32(replace(spec, accumulate="float32"), a, t, a_scale)
+    assert np.allclose(f, want, rtol=1e-5, atol=1e-6)
+
+
+def test_bitnet_a8_is_absmean_ternary_times_absmax_int8():
+    """BitNet b1.58 W1.58A8: ternary weights quantized with one absmean scale,
+    activations per-token absmax int8; the product is the int64 sum of the
+    codes times s * a_scale[m]."""
+    spec = A8["bitnet_b158_a8"]
+    rng = np.random.default_rng(3)
+    M, N, K = 4, 24, 160
+    w_real = rng.standard_normal((N, K)).astype(np.float32)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    t = quantize(spec, w_real)
+    s = np.float32(np.abs(w_real.astype(np.float64)).mean())
+    assert t["scales"].tolist() == [s]
+    codes = np.stack([(t["qweight"] >> (2 * i)) & 3 for i in range(4)], axis=-1).reshape(N, K)
+    tern = codes.astype(np.int64) - 1
+    assert np.array_equal(tern, np.clip(np.rint(w_real / s), -1, 1))
+    a, a_scale = quantize_activation(spec, x)
+    assert a.dtype == np.int8 and np.array_equal(a_scale, np.abs(x).max(axis=1) / np.float32(127))
+    want = ((a.astype(np.int64) @ tern.T) * np.float64(s)
+            * a_scale.astype(np.float64)[:, None]).astype(np.float32)
+    assert np.array_equal(reference_matmul_f32(spec, a, t, a_scale), want)
+    # and it approximates the float product (ternary weights are coarse)
+    real = x @ w_real.T
+    assert np.corrcoef(real.ravel(), want.ravel())[0, 1] > 0.7
+
+
+def test_fp8_activations_with_4_bit_weights():
+    """w4a8_fp8: the e4m3 codes' values times q - 8 summed exactly per group
+    (float64 holds every such sum), times the bf16 scale, times a_scale."""
+    spec = A8["w4a8_fp8"]
+    rng = np.random.default_rng(5)
+    M, N, K = 3, 24, 256
+    q = rng.integers(0, 16, size=(N, K))
+    s = nx.f32_to_bf16_bits(rng.uniform(0.5, 1.5, size=(N, K // 128)).astype(np.float32) / 64)
+    t = {"qweight": _pack_nibbles(q), "scales": s}
+    a, a_scale = random_activation(spec, M, K, rng)
+    av = nx.fp8_e4m3_to_f32(a).astype(np.float64)
+    sv = nx.bf16_bits_to_f32(s).astype(np.float64)
+    acc = np.zeros((M, N))
+    for g in range(K // 128):
+        ks = slice(128 * g, 128 * (g + 1))
+        acc += (av[:, ks] @ (q[:, ks] - 8).T.astype(np.float64)) * sv[:, g][None, :]
+    want = (acc * a_scale.astype(np.float64)[:, None]).astype(np.float32)
+    assert np.array_equal(reference_matmul_f32(spec, a, t, a_scale), want)
+    real = activation_to_float(spec, a, a_scale).astype(np.float64) @ \
+        dequantize(spec, t, N, K).astype(np.float64).T
+    assert np.allclose(want, real, rtol=1e-5, atol=1e-6)

@@ -2,9 +2,11 @@
 2020-12 schema, the shipped file equal to what the generator makes now, every
 shipped spec and every valid generated spec accepted, and what the field
 table refuses refused (unknown keys, values outside an enumeration or a
-bound, the rules on one field: op, zero kind, codebook)."""
+bound, the rules on one field: op, zero kind, codebook); the example specs
+of 8-bit activations with sub-byte weights (tests/codegen/a8_specs) too."""
 import copy
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -116,3 +118,32 @@ def test_zero_bounds_are_the_widest_the_validator_allows():
     d["b"]["zero"]["value"] = props["value"]["maximum"] + 1
     assert _refused(d)
     assert set(props) == set(MAPPINGS["zero"])
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent / "a8_specs").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_the_a8_example_specs_validate(path):
+    """8-bit activations with sub-byte weights, the int32 output: the
+    example specs of issue 29, in the file and in canonical form."""
+    VALIDATOR.validate(yaml.safe_load(path.read_text()))
+    VALIDATOR.validate(spec_to_yaml_dict(load_spec(path)))
+
+
+def test_int32_is_a_matmul_output_only():
+    q = spec_to_yaml_dict(load_spec("quantize_int8_row"))
+    assert _refused(_with(q, ("out", "dtype"), "int32"))
+    d = spec_to_yaml_dict(load_spec("w8a8_int8"))
+    del d["a"]["scale"], d["b"]["scale"]
+    d["out"]["dtype"] = "int32"
+    assert not _refused(d)
+    spec_from_dict(d)
+
+
+def test_zero_bounds_take_in_the_8_bit_activations():
+    """The widest ranges include those of sub-byte weights decoded to int8 / e4m3."""
+    props = schema.spec_schema()["$defs"]["zero"]["properties"]
+    d = spec_to_yaml_dict(load_spec(Path(__file__).parent / "a8_specs" / "w4a8_int8.yaml"))
+    for v in (-112, 128):                       # validate.zero_range's ends for int8 x uint4
+        d["b"]["zero"]["value"] = v
+        spec_from_dict(d)
+        assert props["value"]["minimum"] <= v <= props["value"]["maximum"] and not _refused(d)

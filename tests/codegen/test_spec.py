@@ -1,6 +1,9 @@
 """The spec model (codegen/spec.py): the stored shapes (stored_shapes), what
-the reference draws, for every shipped matmul spec; the float types' exact
-integers and largest values (the validator's bounds)."""
+the reference draws, for every shipped matmul spec and the 8-bit-activation
+examples (tests/codegen/a8_specs); the float types' exact integers and
+largest values (the validator's bounds); the activation and output vocabulary."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -9,12 +12,14 @@ from opgen.codegen import spec as S
 from opgen.codegen.spec import stored_shapes
 from opgen.codegen.resolve import load_spec, shipped_specs
 
-MATMUL = [n for n, p in shipped_specs().items() if load_spec(p).op == "matmul"]
+PATHS = {**shipped_specs(),
+         **{p.stem: p for p in (Path(__file__).parent / "a8_specs").glob("*.yaml")}}
+MATMUL = sorted(n for n, p in PATHS.items() if load_spec(p).op == "matmul")
 
 
 @pytest.mark.parametrize("name", MATMUL)
 def test_stored_shapes_are_what_the_reference_draws(name):
-    s = load_spec(shipped_specs()[name])
+    s = load_spec(PATHS[name])
     N, K = 256, 512
     w = random_weight_tensors(s, N, K, np.random.default_rng(0))
     assert stored_shapes(s, N, K) == {k: v.shape for k, v in w.items()}
@@ -44,3 +49,10 @@ def test_exact_ints_and_finite_max_are_the_types():
     assert S.FINITE_MAX["float16"] == float(np.finfo(np.float16).max)
     assert S.FINITE_MAX["bfloat16"] == (2 - 2 ** -7) * 2.0 ** 127
     assert set(S.EXACT_INTS) == set(S.FINITE_MAX) == {"float16", "bfloat16"}
+
+
+def test_activation_and_output_vocabulary():
+    """8-bit activation codes are activations; int32 (the raw accumulator) is
+    an output of its own, apart from those every matmul takes."""
+    assert set(S.A8_DTYPES) == {"int8", "float8_e4m3"} and set(S.A8_DTYPES) <= set(S.ACT_DTYPES)
+    assert S.INT_OUT_DTYPES == ("int32",) and not set(S.INT_OUT_DTYPES) & set(S.OUT_DTYPES)

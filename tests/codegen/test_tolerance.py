@@ -1,7 +1,9 @@
 """The one tolerance policy (codegen/tolerance.py): from the dtypes a kernel
-rounds through, with the margins its docstring states."""
+rounds through, with the margins its docstring states; 0 for the int32 output."""
 import math
+from pathlib import Path
 
+from opgen.codegen.resolve import load_spec
 from opgen.codegen.spec import Activation, Output, Scale, Spec, Weight
 from opgen.codegen.tolerance import BENCH_FACTOR, tolerance
 
@@ -27,3 +29,19 @@ def test_int8_activations_allow_fp16_rounding_and_the_bench_only_clear_faults():
               out=Output("bfloat16"))
     assert 8e-3 < tolerance(f8) < 1e-2
     assert BENCH_FACTOR > 1
+
+
+A8 = {p.stem: load_spec(p) for p in (Path(__file__).parent / "a8_specs").glob("*.yaml")}
+
+
+def test_an_int32_output_is_exact():
+    assert tolerance(A8["int8_int4_int32"]) == 0.0
+
+
+def test_sub_byte_weights_with_8_bit_activations_as_their_w8a8_twins():
+    """Exact products of codes and q - z, float32 scaling of group sums: the
+    same allowance as W8A8 of the same activation and output dtypes."""
+    w8a8, fp8 = load_spec("w8a8_int8"), load_spec("fp8_e4m3_w8a8")
+    for name in ("w4a8_int8", "w4a8_int8_g128", "bitnet_b158_a8"):
+        assert tolerance(A8[name]) == tolerance(w8a8) > 0
+    assert tolerance(A8["w4a8_fp8"]) == tolerance(fp8) > 0

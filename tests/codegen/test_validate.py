@@ -1,22 +1,30 @@
 """Spec validation (codegen/validate.py): generated valid / broken specs,
 specific messages, sizes fixed on the command line, what the kernels hold
-(sizes, the shape rule of build, exact zero points) (`opgen check`, `list`
-and `build`: tests/package/test_cli_specs.py, test_cli_build.py)."""
+(sizes, the shape rule of build, exact zero points), 8-bit activations with
+sub-byte weights and the int32 output, whose example specs check accepts and
+build refuses until their kernels exist (`opgen check`, `list` and `build`:
+tests/package/test_cli_specs.py, test_cli_build.py)."""
 from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from opgen.cli import main
+from opgen.codegen import numerics as nx
+from opgen.codegen import planner
 from opgen.codegen import spec as S
 from opgen.codegen.canonical import spec_to_yaml_dict
 from opgen.codegen.errors import SpecError, SpecErrors, UserError
 from opgen.codegen.resolve import load_spec
-from opgen.codegen.validate import FLOAT_WEIGHT_DTYPES, spec_from_dict, specialize_shape, zero_range
+from opgen.codegen.validate import (A8_DECODE_INTS, FLOAT_WEIGHT_DTYPES, SUB_BYTE_INT_DTYPES,
+                                    spec_from_dict, specialize_shape, zero_range)
 from strategies import valid_spec_dicts
 
 ERR_LINE = re.compile(r"^.+:\d+: [a-z_.0-9]+: .+$")
@@ -487,3 +495,170 @@ def test_specialize_shape_applies_the_size_bounds():
             specialize_shape(spec, **kw)
     with pytest.raises(UserError, match="16-byte rows"):
         specialize_shape(load_spec("awq_w4a16_g128"), N=4104)
+
+
+# --- 8-bit activations with sub-byte weights, the int32 output (issue 29) ---------------------
+
+A8_DIR = Path(__file__).parent / "a8_specs"
+A8_EXAMPLES = sorted(A8_DIR.glob("*.yaml"))
+
+
+def test_the_five_a8_examples_are_there():
+    assert [p.stem for p in A8_EXAMPLES] == ["bitnet_b158_a8", "int8_int4_int32", "w4a8_fp8",
+                                             "w4a8_int8", "w4a8_int8_g128"]
+
+
+@pytest.mark.parametrize("path", A8_EXAMPLES, ids=lambda p: p.stem)
+def test_a8_examples_check_and_build_refuses_them(path, capsys, tmp_path):
+    """Valid specs (opgen check, in process); no kernel family serves them
+    yet, so opgen build says so in one line and exits 2."""
+    assert main(["check", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == f"{path}: ok ({path.stem})"
+    assert main(["build", str(path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("opgen: error: "), err
+    spec = load_spec(path)
+    assert f"no kernel family serves {spec.a.dtype} activations with sub-byte weights " \
+           f"({spec.b.dtype}) yet" in err[0]
+
+
+def test_int8_weights_with_an_int32_output_are_refused_by_the_planner_too():
+    d = spec_to_yaml_dict(load_spec("w8a8_int8"))
+    del d["a"]["scale"], d["b"]["scale"]
+    d["out"]["dtype"] = "int32"
+    spec = spec_from_dict(d)
+    with pytest.raises(planner.PlanError, match="no kernel family writes an int32 output"):
+        planner.candidates(spec, "sm_90", 64, 4096, 4096)
+    planner.candidates(load_spec("w8a8_int8"), "sm_90", 64, 4096, 4096)     # served as before
+
+
+def _a8(a="int8", wdtype="uint4", scale="channel", zero=None, out="float16"):
+    """A spec of a activations and wdtype weights (pack int32 along k below 8 bits)."""
+    b = {"dtype": wdtype}
+    bits = S.WEIGHT_CODES[wdtype].bits
+    if bits < 8:
+        b["pack"] = {"container": "int32", "axis": "k"}
+    if scale is not None:
+        b["scale"] = {"dtype": "float16", "group": scale}
+    if zero is not None:
+        b["zero"] = zero
+    d = {"opgen": 1, "name": "a8", "op": "matmul", "a": {"dtype": a, "scale": "row"}, "b": b,
+         "accumulate": "int32" if a == "int8" else "float32", "out": {"dtype": out}}
+    if out == "int32":
+        del d["a"]["scale"]
+    return d
+
+
+UINT4_ZERO = {"kind": "int", "dtype": "uint4", "pack": {"container": "int32", "axis": "n"}}
+
+
+@pytest.mark.parametrize("a", S.A8_DTYPES)
+@pytest.mark.parametrize("wdtype", ["uint4", "int4", "uint2", "int2", "uint1", "ternary"])
+@pytest.mark.parametrize("scale", [None, "channel", "tensor", 128])
+def test_a8_sub_byte_weights_accepted(a, wdtype, scale):
+    d = _a8(a, wdtype, scale)
+    spec_from_dict(d)
+    d["b"]["formula"] = "q * s - z"                 # without a zero point: the same weight
+    spec_from_dict(d)
+    if wdtype != "ternary" and scale is not None:
+        spec_from_dict(_a8(a, wdtype, scale, zero={"kind": "const", "value": 1}))
+    if wdtype != "ternary" and scale in ("channel", 128):
+        zd = {"uint4": "uint4", "int4": "int4"}.get(wdtype, "uint1")
+        spec_from_dict(_a8(a, wdtype, scale, zero={**UINT4_ZERO, "dtype": zd}))
+
+
+def test_sub_byte_codes_are_the_integer_ones_below_8_bits():
+    assert set(SUB_BYTE_INT_DTYPES) == {"uint4", "int4", "uint2", "int2", "uint1", "ternary"}
+
+
+def test_the_a8_decode_bounds_are_the_types():
+    """int8 holds -128..127; e4m3 (3 mantissa bits) every integer |x| <= 16, not 17."""
+    assert A8_DECODE_INTS["int8"] == (np.iinfo(np.int8).min, np.iinfo(np.int8).max)
+    lo, hi = A8_DECODE_INTS["float8_e4m3"]
+    xs = np.arange(lo, hi + 1, dtype=np.float32)
+    assert np.array_equal(nx.fp8_e4m3_to_f32(nx.f32_to_fp8_e4m3(xs)), xs) and lo == -hi
+    assert nx.fp8_e4m3_to_f32(nx.f32_to_fp8_e4m3(np.float32(hi + 1))) != hi + 1
+
+
+@pytest.mark.parametrize("d,path,says", [
+    (_a8(wdtype="uint8"), "b.dtype",
+     "int8 activations need int8 weights or integer codes below 8 bits; got uint8 "
+     "(allowed: int8, int4, uint4, int2, uint2, uint1, ternary)"),
+    (_a8(wdtype="nf4"), "b.dtype", "got nf4 (allowed: int8, int4"),
+    (_a8("float8_e4m3", "float8_e5m2"), "b.dtype", "(allowed: float8_e4m3, int4, uint4"),
+    (_a8(wdtype="int8", scale=128), "b.scale.group",
+     "int8 weights with int8 activations take a channel or tensor scale or none, not group 128"),
+    (_a8("float8_e4m3", "float8_e4m3", scale=128), "b.scale.group", "not group 128"),
+    (_a8(wdtype="int8", zero={"kind": "const", "value": 1}), "b.zero.kind",
+     "int8 weights with int8 activations take no zero point (allowed: none"),
+    (_a8(zero={"kind": "float", "dtype": "float16"}), "b.zero.kind",
+     "float zero points with int8 activations: q - z would not be an integer, which the 8-bit "
+     "product needs (allowed: none, const, int)"),
+    (_a8("float8_e4m3", zero={"kind": "float", "dtype": "float16"}), "b.zero.kind",
+     "(allowed: none, const, int)"),
+    ({**_a8(), "b": {**_a8(zero={"kind": "const", "value": 8})["b"], "formula": "q * s - z"}},
+     "b.formula", "with a zero point has no such integer (allowed: (q - z) * s)"),
+    (_a8(zero={"kind": "const", "value": 129}), "b.zero.value",
+     "129 is out of range (allowed: -112..128: every q - z over the uint4 codes q = 0..15 "
+     "must be an integer int8 holds, -128..127)"),
+    (_a8("float8_e4m3", zero={"kind": "const", "value": 17}), "b.zero.value",
+     "(allowed: -1..16: every q - z over the uint4 codes q = 0..15 must be an integer "
+     "float8_e4m3 holds exactly, |x| <= 16)"),
+    (_a8("float8_e4m3", "int4", zero={"kind": "const", "value": -10}), "b.zero.value",
+     "(allowed: -9..8:"),
+    (_a8("float8_e4m3", zero={**UINT4_ZERO, "offset": 2}), "b.zero.offset",
+     "2 is out of range (allowed: -1..1:"),
+    (_a8(zero={"kind": "int", "dtype": "uint8"}), "b.zero.dtype",
+     "uint8 zero points (0..255) cannot all be exact: every zero point z = stored + offset "
+     "over the uint8 codes 0..255, and every q - z over the uint4 codes q = 0..15, must be an "
+     "integer int8 holds, -128..127 (allowed: uint4, uint2, uint1, int4, int2)"),
+    # the int32 output: int8 activations, no scale anywhere, no epilogue
+    ({**_a8(out="int32"), "a": {"dtype": "int8", "scale": "row"}}, "a.scale",
+     "an int32 output is the raw accumulator, which no scale applies to: remove a.scale"),
+    (_a8(scale=128, out="int32"), "b.scale", "no scale applies to: remove b.scale"),
+    ({**_a8(scale=None, out="int32"), "epilogue": {"bias": True}}, "epilogue.bias",
+     "no bias (allowed: false)"),
+    ({**_a8(scale=None, out="int32"), "epilogue": {"activation": "relu"}},
+     "epilogue.activation", "no activation (allowed: none)"),
+    ({**_a8("float8_e4m3", scale=None, out="int32")}, "out.dtype",
+     "int32 is the raw int32 accumulator of int8 activations; a.dtype is float8_e4m3 "
+     "(allowed with it: float16, bfloat16, float32)"),
+    ({**_gptq(), "out": {"dtype": "int32"}}, "out.dtype", "a.dtype is float16"),
+    ({**_a8(scale=None), "a": {"dtype": "int8"}}, "a.scale",
+     "int8 activations need `scale: row` (a per-row float32 scale) unless out.dtype is int32"),
+    ({**_a8("float8_e4m3", scale=None), "a": {"dtype": "float8_e4m3"}}, "a.scale",
+     "float8_e4m3 activations need `scale: row` (a per-row float32 scale)"),
+])
+def test_a8_and_int32_output_refusals_name_the_field(d, path, says):
+    errs = _errors(spec_from_dict, d)
+    assert path in errs.paths, str(errs)
+    assert says in next(e.message for e in errs.errors if e.path == path), str(errs)
+    for line in str(errs).splitlines():
+        assert ERR_LINE.match(line), line
+
+
+@pytest.mark.parametrize("a,wd,zd,lo,hi", [
+    ("int8", "uint4", "uint4", -112, 112), ("int8", "int4", "int4", -112, 113),
+    ("float8_e4m3", "uint4", "uint4", -1, 1), ("float8_e4m3", "uint2", "uint2", -13, 13),
+    ("float8_e4m3", "int4", "uint4", -9, -7),       # int4 codes, uint4 zeros: q - z down to -23
+])
+def test_int_zero_offsets_follow_the_8_bit_type(a, wd, zd, lo, hi):
+    """Each end of the range is accepted, one past it refused."""
+    for v, ok in ((lo, True), (hi, True), (lo - 1, False), (hi + 1, False)):
+        d = _a8(a, wd, zero={**UINT4_ZERO, "dtype": zd, "offset": v})
+        if ok:
+            assert zero_range(spec_from_dict(d))[:2] == (lo, hi)
+        else:
+            assert _errors(spec_from_dict, d).paths == ["b.zero.offset"]
+
+
+def test_docs_show_the_a8_examples():
+    """docs/spec.md's example block holds the five specs (descriptions aside)."""
+    text = (Path(__file__).parents[2] / "docs" / "spec.md").read_text()
+    block = text.split("#### Example specs: 8-bit activations with sub-byte weights")[1]
+    block = block.split("```yaml\n")[1].split("```")[0]
+    shown = {d["name"]: spec_from_dict(d) for d in yaml.safe_load_all(block)}
+    files = {p.stem: load_spec(p) for p in A8_EXAMPLES}
+    assert set(shown) == set(files)
+    for name, spec in files.items():
+        assert shown[name].content_hash() == spec.content_hash(), name
