@@ -33,7 +33,10 @@ def spec_to_yaml_dict(spec: Spec) -> dict:
 
 
 def _pack_to_dict(p: Pack) -> dict:
-    return {"container": p.container, "axis": p.axis, "order": list(p.order)}
+    d = {"container": p.container, "axis": p.axis, "order": list(p.order)}
+    if p.planes:
+        d["planes"] = True
+    return d
 
 
 def _weight_to_dict(w: Weight) -> dict:

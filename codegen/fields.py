@@ -227,6 +227,9 @@ MAPPINGS: Dict[str, Dict[str, Field]] = {
                        required=True, values=AXES, what="pack axis"),
         "order": Numbers(doc="order[i]: the element held in bit field i (a permutation of "
                              "0..P-1; default 0..P-1)", integers=True),
+        "planes": Flag(doc="true: word j holds element j of each of the P equal planes the "
+                           "axis is cut into (field i: plane order[i]), not P consecutive "
+                           "elements", default=False),
     },
     "scale": {
         "dtype": Choice(doc="element type of the scales", required=True, values=SCALE_DTYPES,

@@ -53,11 +53,14 @@ class Pack:
     container: the word type; axis: the logical axis (k or n) along which the
     codes of one word are consecutive; order[i]: the index, within the word's
     run of consecutive elements, of the element held in bit field i (field 0 is
-    the least significant `bits` bits).
+    the least significant `bits` bits). planes: instead of P consecutive
+    elements, word j holds element j of each of P equal planes the axis is
+    cut into (field i: plane order[i]; HF BitNet's four row blocks per byte).
     """
     container: str
     axis: str
     order: Tuple[int, ...]
+    planes: bool = False
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,8 @@ def _order(pack: Pack, P: int) -> Tuple[int, ...]:
 
 def _pack(fields: np.ndarray, axis: int, bits: int, pack: Pack) -> np.ndarray:
     """Pack raw fields along `axis`: word j holds elements j*P .. j*P + P - 1,
-    bit field i (field 0 = least significant) holding element j*P + order[i]."""
+    bit field i (field 0 = least significant) holding element j*P + order[i]
+    (pack.planes: element order[i] * W + j of the W words' P planes)."""
     P = CONTAINER_BITS[pack.container] // bits
     order = _order(pack, P)
     f = np.moveaxis(np.asarray(fields), axis, -1)
@@ -78,7 +79,11 @@ def _pack(fields: np.ndarray, axis: int, bits: int, pack: Pack) -> np.ndarray:
         raise ValueError(f"packed axis of length {f.shape[-1]} is not a multiple of P={P}")
     # uint32 arithmetic (containers are at most 32 bits): two's complement
     # fields keep their low `bits` bits under the mask.
-    f = (f.astype(np.uint32) & np.uint32((1 << bits) - 1)).reshape(*f.shape[:-1], -1, P)
+    f = f.astype(np.uint32) & np.uint32((1 << bits) - 1)
+    if pack.planes:
+        f = np.moveaxis(f.reshape(*f.shape[:-1], P, -1), -2, -1)     # [..., W, P] of planes
+    else:
+        f = f.reshape(*f.shape[:-1], -1, P)
     word = np.zeros(f.shape[:-1], dtype=np.uint32)
     for i, src in enumerate(order):
         word |= f[..., src] << np.uint32(bits * i)
@@ -98,6 +103,8 @@ def _unpack(words: np.ndarray, axis: int, bits: int, pack: Pack) -> np.ndarray:
     out = np.empty(u.shape + (P,), dtype=np.int64)
     for i, dst in enumerate(order):
         out[..., dst] = ((u >> np.uint64(bits * i)) & np.uint64((1 << bits) - 1)).astype(np.int64)
+    if pack.planes:
+        out = np.moveaxis(out, -1, -2)                            # [..., P, W]: plane by plane
     out = out.reshape(*u.shape[:-1], -1)
     return np.moveaxis(out, -1, axis)
 

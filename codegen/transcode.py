@@ -109,7 +109,7 @@ def steps(src, dst) -> Dict[str, str]:
 def _word_moves(src: "Packed", dst: "Packed") -> Optional[Tuple[bool, bool]]:
     """(transpose the word grid, permute the fields) when dst's words are
     src's words moved (one container, one packed axis); None otherwise."""
-    if src.axis != dst.axis or src.container != dst.container:
+    if src.axis != dst.axis or src.container != dst.container or src.planes != dst.planes:
         return None
     return src.rows != dst.rows, src.order != dst.order
 
@@ -154,12 +154,14 @@ def _u(x, xp):
 class Packed:
     """A 2-D array of words: stored dim 0 walks logical axis `rows`, dim 1
     the other; each word holds `P` codes of `bits` bits along logical axis
-    `axis`, element order[i] of its run in field i."""
+    `axis`, element order[i] of its run in field i (planes: element j of
+    plane order[i], spec.Pack's)."""
     rows: str
     axis: str
     container: str
     order: Tuple[int, ...]
     bits: int
+    planes: bool = False
 
     @property
     def P(self) -> int:
@@ -169,7 +171,7 @@ class Packed:
 def _weight_packed(w: Weight) -> Packed:
     P = codes_per_container(w)
     return Packed("n" if w.layout == "nt" else "k", w.pack.axis, w.pack.container,
-                  _order(w.pack, P), weight_code(w).bits)
+                  _order(w.pack, P), weight_code(w).bits, w.pack.planes)
 
 
 def _zero_packed(w: Weight) -> Packed:
@@ -180,7 +182,7 @@ def _zero_packed(w: Weight) -> Packed:
     rows = "k" if s.granularity != "group" or s.layout == "kn" else "n"
     axis = z.pack.axis if s.granularity == "group" else "n"
     return Packed(rows, axis, z.pack.container, _order(z.pack, CONTAINER_BITS[z.pack.container] // bits),
-                  bits)
+                  bits, z.pack.planes)
 
 
 def _wide(xp, container: str):
@@ -203,49 +205,65 @@ def _move(xp, x, src: Packed, dst: Packed):
         if reorder:
             permute = lambda b: _permute_fields(xp, b, src.bits, src.order, dst.order)   # noqa: E731
         return _stored(xp, _banded(xp, u, transpose, permute), dst.container)
-    if src.axis != dst.axis:
+    if src.axis != dst.axis and not (src.planes or dst.planes):
         return _stored(xp, _cross(xp, u, src, dst), dst.container)
-    # Same axis, another container (rare: a byte-packed format to int32
-    # words): through one byte per field.
-    fields = _unpack(xp, u, 1 if src.rows != src.axis else 0, src.bits, src.order)
+    # Another container on the same axis (a byte-packed format to int32
+    # words), or planes: through one byte per field.
+    fields = _unpack(xp, u, 1 if src.rows != src.axis else 0, src)
     if src.rows != dst.rows:
-        fields = fields.T
-    return _pack(xp, xp.ascontiguousarray(fields), 1 if dst.rows != dst.axis else 0, dst.bits,
-                 dst.order, dst.container)
+        fields = _transpose(xp, fields)
+    return _pack(xp, xp.ascontiguousarray(fields), 1 if dst.rows != dst.axis else 0, dst)
 
 
-def _unpack(xp, u, axis: int, bits: int, order: Tuple[int, ...]):
+def _unpack(xp, u, axis: int, p: Packed):
     """Words -> their raw fields, one uint8 each, `axis` P times longer:
-    element j*P + order[i] is field i of word j (storage.py's convention)."""
-    P = len(order)
+    element j*P + order[i] is field i of word j, or with planes element
+    order[i] * W + j (storage.py's convention)."""
+    P, bits = p.P, p.bits
     c = u.dtype.type                  # typed constants: no promotion in numpy or CuPy
     mask = c((1 << bits) - 1)
+    R, C = u.shape
     if axis == 1:
-        out = xp.empty(u.shape + (P,), dtype=xp.uint8)
-        for i, e in enumerate(order):
-            out[:, :, e] = (u >> c(bits * i)) & mask
-        return out.reshape(u.shape[0], u.shape[1] * P)
-    out = xp.empty((u.shape[0], P, u.shape[1]), dtype=xp.uint8)
-    for i, e in enumerate(order):
-        out[:, e] = (u >> c(bits * i)) & mask
-    return out.reshape(u.shape[0] * P, u.shape[1])
+        out = xp.empty((R, P, C) if p.planes else (R, C, P), dtype=xp.uint8)
+        for i, e in enumerate(p.order):
+            if p.planes:
+                out[:, e, :] = (u >> c(bits * i)) & mask
+            else:
+                out[:, :, e] = (u >> c(bits * i)) & mask
+        return out.reshape(R, C * P)
+    out = xp.empty((P, R, C) if p.planes else (R, P, C), dtype=xp.uint8)
+    for i, e in enumerate(p.order):
+        if p.planes:
+            out[e] = (u >> c(bits * i)) & mask
+        else:
+            out[:, e] = (u >> c(bits * i)) & mask
+    return out.reshape(R * P, C)
 
 
-def _pack(xp, fields, axis: int, bits: int, order: Tuple[int, ...], container: str):
-    """Inverse of _unpack: raw uint8 fields -> words of `container`."""
-    P = len(order)
-    wide = _wide(xp, container)
+def _pack(xp, fields, axis: int, p: Packed):
+    """Inverse of _unpack: raw uint8 fields -> words of p.container."""
+    P, bits = p.P, p.bits
+    wide = _wide(xp, p.container)
+    R, C = fields.shape
     if axis == 1:
-        f = fields.reshape(fields.shape[0], fields.shape[1] // P, P)
-        pick = lambda e: f[:, :, e]        # noqa: E731
+        if p.planes:
+            f = fields.reshape(R, P, C // P)
+            pick = lambda e: f[:, e, :]        # noqa: E731
+        else:
+            f = fields.reshape(R, C // P, P)
+            pick = lambda e: f[:, :, e]        # noqa: E731
     else:
-        f = fields.reshape(fields.shape[0] // P, P, fields.shape[1])
-        pick = lambda e: f[:, e]           # noqa: E731
+        if p.planes:
+            f = fields.reshape(P, R // P, C)
+            pick = lambda e: f[e]              # noqa: E731
+        else:
+            f = fields.reshape(R // P, P, C)
+            pick = lambda e: f[:, e]           # noqa: E731
     word = None
-    for i, e in enumerate(order):
+    for i, e in enumerate(p.order):
         part = pick(e).astype(wide) << wide(bits * i)
         word = part if word is None else word | part
-    return _stored(xp, word, container)
+    return _stored(xp, word, p.container)
 
 
 def _permute_fields(xp, u, bits: int, src: Tuple[int, ...], dst: Tuple[int, ...]):

@@ -58,10 +58,10 @@ def _read_pack(ctx: Ctx, value, path: PathT):
     r = open_mapping(ctx, value, path, "pack")
     if r is None:
         return BAD
-    container, axis, order = r.get("container"), r.get("axis"), r.get("order")
-    if not ok(container, axis, order):
+    container, axis, order, planes = r.get("container"), r.get("axis"), r.get("order"), r.get("planes")
+    if not ok(container, axis, order, planes):
         return BAD
-    return {"container": container, "axis": axis, "order": order}
+    return {"container": container, "axis": axis, "order": order, "planes": planes}
 
 
 def _check_pack(ctx: Ctx, pk: dict, bits: int, path: PathT, what: str) -> Optional[Pack]:
@@ -81,7 +81,7 @@ def _check_pack(ctx: Ctx, pk: dict, bits: int, path: PathT, what: str) -> Option
                 f"must be a permutation of 0..{P - 1} (P = {cbits}/{bits} = {P} codes per "
                 f"{pk['container']}); got {list(order)}")
         return None
-    return Pack(pk["container"], pk["axis"], tuple(order))
+    return Pack(pk["container"], pk["axis"], tuple(order), bool(pk["planes"]))
 
 
 def _read_scale(ctx: Ctx, value, path: PathT):

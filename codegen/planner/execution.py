@@ -60,15 +60,15 @@ def _target(w: Weight, lay: ExecutionLayout) -> Weight:
     if lay.int4_pack is not None and code.bits == 4 and code.kind in ("uint", "int"):
         pack = lay.int4_pack
     else:
-        pack = dataclasses.replace(w.pack, axis="k" if lay.pack_k else w.pack.axis)
+        pack = dataclasses.replace(w.pack, axis="k" if lay.pack_k else w.pack.axis, planes=False)
     s = w.scale
     P = CONTAINER_BITS[pack.container] // code.bits
     if pack.axis == "k" and s is not None and s.granularity == "group" and s.group % P:
         # A word must not straddle two scale groups (validate.py's rule):
         # the stored container then, moved to k if it fits.
-        pack = dataclasses.replace(w.pack, axis="k")
+        pack = dataclasses.replace(w.pack, axis="k", planes=False)
         if s.group % (CONTAINER_BITS[pack.container] // code.bits):
-            pack = w.pack
+            pack = dataclasses.replace(w.pack, planes=False)
     return dataclasses.replace(t, pack=pack)
 
 

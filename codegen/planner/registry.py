@@ -42,6 +42,11 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     if spec.out.dtype in INT_OUT_DTYPES:
         raise PlanError(f"no kernel family writes an {spec.out.dtype} output (the raw "
                         f"accumulator) yet")
+    w = spec.b
+    if w is not None and ((w.pack and w.pack.planes) or (w.zero.pack and w.zero.pack.planes)):
+        # No kernel reads planes: opgen.load and build run the execution spec.
+        raise PlanError(f"{spec.name}: no kernel reads codes packed in planes; its execution "
+                        f"spec (planner.execution_spec) holds them packed in runs")
     a = hw.arch(arch)
     num = numerics(spec, fp8_mma=a.fp8_mma)
     mma = hw.MMAS[num.mma]

@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from opgen.codegen.canonical import dump_spec, spec_to_yaml_dict
-from opgen.codegen.resolve import load_spec, shipped_specs
+from opgen.codegen.resolve import as_spec, load_spec, shipped_specs
+from opgen.codegen.validate import spec_from_dict
 
 
 @pytest.mark.parametrize("name", sorted(shipped_specs()))
@@ -16,3 +17,11 @@ def test_shipped_specs_round_trip(name):
     assert load_spec(yaml.safe_dump(d)) == spec
     again = load_spec(dump_spec(spec), filename=f"{name}.yaml")
     assert again == spec and spec_to_yaml_dict(again) == d
+
+
+def test_planes_round_trip_and_are_written_only_when_set():
+    d = spec_to_yaml_dict(as_spec("bitnet_b158"))
+    assert "planes" not in d["b"]["pack"]
+    d["b"]["pack"] = dict(d["b"]["pack"], axis="n", planes=True)
+    s = spec_from_dict(d)
+    assert s.b.pack.planes and spec_to_yaml_dict(s)["b"]["pack"]["planes"] is True

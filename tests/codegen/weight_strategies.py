@@ -42,7 +42,7 @@ def _pack(draw, bits: int) -> Pack:
     container = draw(st.sampled_from(("uint8", "int32")))
     P = CONTAINER_BITS[container] // bits
     order = tuple(draw(st.permutations(range(P))))
-    return Pack(container, draw(st.sampled_from(("k", "n"))), order)
+    return Pack(container, draw(st.sampled_from(("k", "n"))), order, draw(st.booleans()))
 
 
 @st.composite
@@ -95,7 +95,7 @@ def weights(draw):
                 zbits = 8
             zpack = draw(_pack(zbits)) if zbits < 8 else None
             if zpack is not None and scale.granularity == "channel":
-                zpack = Pack(zpack.container, "n", zpack.order)
+                zpack = Pack(zpack.container, "n", zpack.order, zpack.planes)
             zero = Zero("int", zdt, zpack, offset=draw(st.integers(0, 1)))
     w = Weight(dtype, draw(st.sampled_from(("nt", "nn"))), pack, scale, zero,
                draw(st.sampled_from(("(q - z) * s", "q * s - z"))), codebook, cbits)
@@ -139,7 +139,7 @@ def restored(draw, w: Weight) -> Weight:
     if zero.pack is not None:
         zpack = draw(_pack(WEIGHT_CODES[zero.dtype].bits))
         if scale.granularity == "channel":
-            zpack = Pack(zpack.container, "n", zpack.order)
+            zpack = Pack(zpack.container, "n", zpack.order, zpack.planes)
         zero = replace(zero, pack=zpack)
     return replace(w, layout=draw(st.sampled_from(("nt", "nn"))), pack=pack, scale=scale, zero=zero)
 

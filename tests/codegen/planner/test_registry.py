@@ -1,10 +1,13 @@
 """planner/registry.py: every family behind one entry point; the launch plan
 of each valid config agrees with its geometry, and names a template."""
+import dataclasses
+
 import pytest
 
 from opgen.codegen import planner
 from opgen.codegen.render import TEMPLATES
-from opgen.codegen.resolve import load_spec, shipped_specs
+from opgen.codegen.resolve import as_spec, load_spec, shipped_specs
+from opgen.codegen.spec import Pack
 
 
 def spec(name):
@@ -44,3 +47,15 @@ def test_plan_agrees_with_geometry(name, arch):
     assert kinds
     with pytest.raises(ValueError, match="several kernels"):
         planner.plan(s, planner.Config("gemm", 128, 128, 64, 64, 32, 4, 1, predecode=True), arch)
+
+
+def test_codes_packed_in_planes_have_no_kernel_but_their_execution_spec_does():
+    """planes (HF BitNet's rows i, i + N/4, ... in one byte): no kernel reads
+    them; the execution spec packs the same codes in runs along k."""
+    s = as_spec("bitnet_b158")
+    hf = dataclasses.replace(s, name="hf", b=dataclasses.replace(s.b, pack=Pack("uint8", "n", (0, 1, 2, 3), True)))
+    cfg = planner.heuristic(s, "sm_90", 16, 4096, 4096)
+    with pytest.raises(planner.PlanError, match="no kernel reads codes packed in planes"):
+        planner.geometry(hf, cfg, "sm_90")
+    e = planner.execution_spec(hf, "sm_90")
+    assert e.b.pack == s.b.pack and planner.geometry(e, cfg, "sm_90")
