@@ -188,6 +188,13 @@ H200 = Calibration(
                         (128, 16): 95, (128, 32): 95, (128, 64): 127, (128, 128): 161},
         "magic_cvt_scale/pairs": {(64, 16): 56, (64, 32): 64, (64, 64): 79, (64, 128): 119, (64, 256): 179,
                                   (128, 16): 79, (128, 32): 89, (128, 64): 105, (128, 128): 155},
+        # w1a16_g128 (1-bit, float zero points, q * s - z; 128-deep tiles:
+        # 16 bytes a row): as at magic_int_zero's (128, 16), every config
+        # fits four warpgroups' cap of 96 (it takes 117 where it may).
+        "magic_float_zero_minus_z/pairs": {(128, 16): 96, (128, 32): 125, (128, 64): 127, (128, 128): 167},
+        # fp8_e4m3_w8a16 (one code a byte: lanes 0-1 in one word, 2-3 in the next).
+        "e4m3_cvt_scale/pairs": {(64, 16): 69, (64, 32): 79, (64, 64): 90, (64, 128): 122, (64, 256): 185,
+                                 (128, 16): 95, (128, 32): 96, (128, 64): 117, (128, 128): 144},
         "table_cvt_scale/pairs": {(64, 16): 80, (64, 32): 95, (64, 64): 96, (64, 128): 128, (64, 256): 220},
     },
     # w4a16_sym and the GPTQ repacked specs (docs/performance.md#rs-gemm).

@@ -397,14 +397,16 @@ def zero_sub_bits(num: Numerics, dec: "Decode", zero_bits: int) -> Optional[int]
 @dataclass(frozen=True)
 class RsPair:
     """Where a lane finds the codes of one of its wgmma A-fragment registers:
-    k = k0 + 2q and k0 + 2q + 1 of its row (q: lane % 4), in 32-bit word
-    `word` of the row's k-tile slice, the first at bit shift + q * step and
-    the second `gap` bits above it (16: the two halves of the word, the
-    magic-number decode's own pairing)."""
+    k = k0 + 2q and k0 + 2q + 1 of its row (q: lane % 4). The first sits at
+    bit `shift` + q * step of 32-bit word `word` of the row's k-tile slice
+    (lanes q >= split: of word + 1, at that bit less 32), the second `gap`
+    bits above it (16: the two halves of the word, the magic-number
+    decode's own pairing)."""
     word: int
     shift: int
     step: int
     gap: int
+    split: int = 4
 
 
 def _code_bit(lay: Layout, e: int) -> int:
@@ -418,27 +420,32 @@ def _code_bit(lay: Layout, e: int) -> int:
 @functools.lru_cache(maxsize=None)
 def rs_pairs(lay: Layout, BK: int) -> Optional[Tuple[Tuple[RsPair, RsPair], ...]]:
     """For each k16 step of a BK-deep tile, the lanes' pairs for its low
-    (k0 = 16 ks) and high (k0 = 16 ks + 8) registers; None when some lane's
-    pair straddles two words, or the lanes' pairs do not sit a fixed step
-    apart in one word (the rs GEMM addresses them by q * step)."""
-    if lay.row_axis != "n" or lay.pack_axis != "k":
+    (k0 = 16 ks) and high (k0 = 16 ks + 8) registers; None unless the
+    weight rows run along k (codes packed along k, or 8-bit codes one per
+    byte), each lane's pair lies in one word, and the lanes' pairs sit a
+    fixed step apart in the row's stream of bits (in one word, or the first
+    lanes in one and the rest in the next)."""
+    if lay.row_axis != "n" or (lay.pack_axis or lay.col_axis) != "k":
         return None
     out = []
     for ks in range(BK // 16):
         halves = []
         for h in range(2):
-            spots = []
+            bits = []
             for q in range(4):
                 e = 16 * ks + 8 * h + 2 * q
                 a, b = _code_bit(lay, e), _code_bit(lay, e + 1)
                 if a // 32 != b // 32:
                     return None
-                spots.append((a // 32, a % 32, b - a))
-            word, shift, gap = spots[0]
-            step = spots[1][1] - shift
-            if any(s != (word, shift + q * step, gap) for q, s in enumerate(spots)):
+                bits.append((a, b - a))
+            (a0, gap), step = bits[0], bits[1][0] - bits[0][0]
+            if any(bq != (a0 + q * step, gap) for q, bq in enumerate(bits)):
                 return None
-            halves.append(RsPair(word, shift, step, gap))
+            words = [(a0 + q * step) // 32 for q in range(4)]
+            split = next((q for q in range(4) if words[q] != words[0]), 4)
+            if any(w != words[0] + (q >= split) for q, w in enumerate(words)):
+                return None
+            halves.append(RsPair(words[0], a0 % 32, step, gap, split))
         out.append(tuple(halves))
     return tuple(out)
 

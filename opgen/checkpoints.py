@@ -11,8 +11,8 @@ GPTQ and AWQ are stored the way their shipped specs describe them, so
 loading them is validation plus passthrough (spec= another storage of the
 same weight: moved there by codegen.transcode); the op moves them into the
 kernels' layout. bitsandbytes NF4 is a reshape of the flat storage. HF
-BitNet packs four row blocks per byte, which the spec language has no
-pack for: its codes are read here and packed as bitnet_b158 stores them.
+BitNet packs four planes of rows per byte (HF_BITNET_PACK): its codes move
+to bitnet_b158's storage by codegen.transcode, its scale is inverted.
 
 Every mismatch raises a ValueError that starts with the checkpoint's own name
 for the tensor, e.g.
@@ -27,10 +27,9 @@ from typing import Dict, Mapping, Optional, Tuple, Union
 import numpy as np
 
 from .codegen import numerics as nx
-from .codegen.spec import (CONTAINER_BITS, NF4_TABLE, WEIGHT_CODES, Spec, codes_per_container,
+from .codegen.spec import (CONTAINER_BITS, NF4_TABLE, WEIGHT_CODES, Pack, Spec, codes_per_container,
                            stored_shapes)
 from .codegen.resolve import as_spec
-from .codegen.storage import encode_codes
 from .codegen.transcode import TranscodeError, transcode
 
 __all__ = ["FORMATS", "expected_tensors", "validate_tensors", "from_gptq", "from_awq",
@@ -309,7 +308,8 @@ def _bnb_fields(state: Mapping) -> Dict:
 
 def from_bnb_nf4(state: Mapping, N: int, K: int,
                  spec: Union[Spec, str, None] = None) -> Dict[str, np.ndarray]:
-    """bitsandbytes Params4bit, quant_type nf4, no double quantization:
+    """bitsandbytes Params4bit, quant_type nf4 (or fp4, given a codebook spec
+    of its table: opgen.hf_checkpoint makes one), no double quantization:
     weight uint8 (any shape, N*K/2 bytes; the flat [N, K] codes two per byte,
     even index in the high nibble) and absmax float32 (one per block of
     `blocksize` flat elements). Blocks must not straddle rows (K % blocksize
@@ -320,8 +320,9 @@ def from_bnb_nf4(state: Mapping, N: int, K: int,
         raise ValueError("absmax: double-quantized (nested absmax, bnb_4bit_use_double_quant=True) "
                          "checkpoints are not supported; save with bnb_4bit_use_double_quant=False")
     qt = st.get("quant_type", "nf4")
-    if qt != "nf4":
-        raise ValueError(f"quant_type: {qt!r}, expected 'nf4' (spec {spec.name})")
+    want = "nf4" if spec.b.dtype == "nf4" else "fp4"     # fp4: a codebook spec of bnb's FP4 table
+    if qt != want:
+        raise ValueError(f"quant_type: {qt!r}, expected {want!r} (spec {spec.name})")
     for key in ("weight", "absmax", "shape", "blocksize"):
         if st.get(key) is None:
             raise ValueError(f"{key}: missing from the bitsandbytes NF4 state "
@@ -343,8 +344,10 @@ def from_bnb_nf4(state: Mapping, N: int, K: int,
     if absmax.size * bs != N * K:
         raise ValueError(f"absmax: {absmax.size} values, expected N*K/blocksize = {N * K // bs}")
     qmap = st.get("quant_map")
-    if qmap is not None and not np.allclose(_floats(qmap), NF4_TABLE, rtol=0, atol=1e-6):
-        raise ValueError("quant_map: not the NF4 code table")
+    table = NF4_TABLE if spec.b.dtype == "nf4" else spec.b.codebook
+    # atol: bitsandbytes' CPU backend keeps the FP4 table to 4 decimals
+    if qmap is not None and not np.allclose(_floats(qmap), table, rtol=0, atol=1e-4):
+        raise ValueError(f"quant_map: not the code table of spec {spec.name} ({spec.b.dtype})")
     t = {"qweight": weight.reshape(N, K // 2), "scales": absmax.reshape(N, K // bs)}
     validate_tensors(spec, t, N, K, names={"qweight": "weight", "scales": "absmax"})
     out = {k: np.ascontiguousarray(v) for k, v in t.items()}
@@ -353,6 +356,11 @@ def from_bnb_nf4(state: Mapping, N: int, K: int,
 
 # --- BitNet (HF transformers) --------------------------------------------------------------
 
+# HF BitLinear's codes: uint8 [N/4, K], byte [i, k] holding rows i, i + N/4,
+# i + N/2, i + 3N/4 in its fields 0..3 (four planes of rows).
+HF_BITNET_PACK = Pack("uint8", "n", (0, 1, 2, 3), planes=True)
+
+
 def from_bitnet_hf(state: Mapping, N: int, K: int,
                    spec: Union[Spec, str, None] = None) -> Dict[str, np.ndarray]:
     """HF transformers BitLinear: weight uint8 [N/4, K], packed along dim 0 in
@@ -360,9 +368,10 @@ def from_bitnet_hf(state: Mapping, N: int, K: int,
     and weight_scale [1], which *divides* (y = (x_q @ t^T) / (x_scale *
     weight_scale)), so W = t / weight_scale.
 
-    The bitnet_b158 kernels want four codes per byte along K instead, so the
-    codes are repacked here (once) and the scale becomes 1 / weight_scale in
-    float32 (exact: for t in {-1, 0, 1}, t * fl(1/s) == fl(t/s))."""
+    That is `spec`'s weight stored in HF_BITNET_PACK (planes of rows), so the
+    codes move to spec's storage by codegen.transcode; the scale becomes
+    1 / weight_scale in float32 (exact: for t in {-1, 0, 1}, t * fl(1/s) ==
+    fl(t/s))."""
     spec = as_spec(spec or FORMATS["bitnet_hf"])
     weight, ws = _arr(state, "weight"), _arr(state, "weight_scale")
     if weight is None:
@@ -381,15 +390,17 @@ def from_bitnet_hf(state: Mapping, N: int, K: int,
     s = _floats(ws).reshape(())
     if not (np.isfinite(s) and s > 0):
         raise ValueError(f"weight_scale: {float(s)} is not a positive finite number")
-    # fields[j, i, k] = bit field j of weight[i, k] = code of row j*N/4 + i
-    fields = np.stack([(weight >> (2 * j)) & 3 for j in range(4)]).astype(np.int64)
-    raw = fields.reshape(N, K)              # raw code = value + 1, as the ternary spec stores it
-    if np.any(raw == 3):
-        n, k = (int(v[0]) for v in np.nonzero(raw == 3))
-        raise ValueError(f"weight: 2-bit field 3 (row {n}, column {k}) is not a ternary code "
-                         f"(HF BitNet stores value + 1 in 0..2)")
-    out = {"qweight": encode_codes(spec, raw),
-           "scales": np.array([np.float32(1.0) / s.astype(np.float32)], np.float32)}
+    # A field of 3 (both bits set) is no ternary code (HF stores value + 1 in 0..2).
+    bad = (weight & (weight >> 1) & 0x55) != 0
+    if bad.any():
+        i, k = (int(v[0]) for v in np.nonzero(bad))
+        j = next(j for j in range(4) if (weight[i, k] >> (2 * j)) & 3 == 3)
+        raise ValueError(f"weight: 2-bit field 3 (row {j * N // 4 + i}, column {k}) is not a "
+                         f"ternary code (HF BitNet stores value + 1 in 0..2)")
+    scales = np.array([np.float32(1.0) / s.astype(np.float32)], np.float32)
+    hf = dataclasses.replace(spec, name="bitnet_hf", b=dataclasses.replace(spec.b, layout="nt",
+                                                                            pack=HF_BITNET_PACK))
+    out = _moved(hf, spec, {"qweight": np.ascontiguousarray(weight), "scales": scales}, N, K)
     validate_tensors(spec, out, N, K)
     return _with_bias(out, state)
 

@@ -37,7 +37,7 @@ from .runtime.device import current_arch
 from .runtime.op import LAYOUTS, MatmulOp
 
 __all__ = ["QuantLinear", "replace_linear", "ReplaceReport", "quantize_activation", "matmul",
-           "handle_for"]
+           "handle_for", "to_numpy", "to_torch"]
 
 _FLOAT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 # storage dtype names (checkpoints.expected_tensors' first choice) -> torch dtype
@@ -76,7 +76,7 @@ def handle_for(spec: Spec, N: int, K: int) -> int:
 
 # --- numpy <-> torch in opgen's storage conventions (bfloat16 as uint16 bits) ---------------
 
-def _to_numpy(t) -> np.ndarray:
+def to_numpy(t) -> np.ndarray:
     if not isinstance(t, torch.Tensor):
         return np.asarray(t)
     t = t.detach().cpu()
@@ -89,7 +89,7 @@ def _to_numpy(t) -> np.ndarray:
     return t.numpy()
 
 
-def _to_torch(a, device=None) -> torch.Tensor:
+def to_torch(a, device=None) -> torch.Tensor:
     if isinstance(a, torch.Tensor):
         a = a.detach()               # storage, never part of an autograd graph
         if a.dtype == torch.uint32:  # the kernels' int32 containers: same bits
@@ -118,15 +118,15 @@ def matmul(a: torch.Tensor, qweight: torch.Tensor, scales: Optional[torch.Tensor
         return a.new_empty((0, e.N), dtype=_FLOAT[e.spec.out.dtype])
     if a.is_cuda:
         return e.op()(a, qweight, scales, zeros, bias=bias, a_scale=a_scale)
-    tensors = {"qweight": _to_numpy(qweight)}
+    tensors = {"qweight": to_numpy(qweight)}
     if scales is not None:
-        tensors["scales"] = _to_numpy(scales)
+        tensors["scales"] = to_numpy(scales)
     if zeros is not None:
-        tensors["zeros"] = _to_numpy(zeros)
-    out = R.reference_matmul(e.spec, _to_numpy(a), tensors,
-                             a_scale=None if a_scale is None else _to_numpy(a_scale),
-                             bias=None if bias is None else _to_numpy(bias))
-    return _to_torch(out, a.device)
+        tensors["zeros"] = to_numpy(zeros)
+    out = R.reference_matmul(e.spec, to_numpy(a), tensors,
+                             a_scale=None if a_scale is None else to_numpy(a_scale),
+                             bias=None if bias is None else to_numpy(bias))
+    return to_torch(out, a.device)
 
 
 @matmul.register_fake
@@ -199,15 +199,15 @@ class QuantLinear(nn.Module):
         self.handle = handle_for(self.kernel_spec, N, K)
         if device is None and isinstance(qweight, torch.Tensor):
             device = qweight.device
-        given = self._to_kernel_storage({k: _to_torch(v) for k, v in given.items() if v is not None})
+        given = self._to_kernel_storage({k: to_torch(v) for k, v in given.items() if v is not None})
         for name in ("qweight", "scales", "zeros"):
             t = given.get(name)
-            self.register_buffer(name, None if t is None else _to_torch(t, device).contiguous())
+            self.register_buffer(name, None if t is None else to_torch(t, device).contiguous())
         out_dt = _FLOAT[spec.out.dtype]
         if bias is None and spec.epilogue.bias:      # the kernel reads a bias: give it zeros
             bias = torch.zeros(N, dtype=out_dt)
         if bias is not None:
-            bias = _to_torch(bias, device)
+            bias = to_torch(bias, device)
             if tuple(bias.shape) != (N,):
                 raise ValueError(f"bias: shape {list(bias.shape)}, expected [{N}]")
             bias = bias.to(out_dt).contiguous()
@@ -254,7 +254,7 @@ class QuantLinear(nn.Module):
         if device is None:
             first = next((v for v in state.values() if isinstance(v, torch.Tensor)), None)
             device = None if first is None else first.device
-        st = {k: _to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        st = {k: to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
         spec, t = ck.convert(fmt, st, out_features, in_features, **kw)
         return cls(spec, in_features, out_features, device=device, **t)
 

@@ -22,7 +22,7 @@ RS_TILES_K = (64, 128)       # 256 measured slower than 128 at M = 16 / 64 / 128
 RS_STAGES = (4, 6, 8, 12)
 # How the rs GEMM turns a lane's pair of codes into a fragment register
 # (lower.decode_plan's methods it has).
-RS_DECODES = ("magic", "fp4", "table")
+RS_DECODES = ("magic", "fp4", "table", "e4m3", "e5m2")
 # Registers an MMA thread takes, by rs_kernel and (BK, BM), as measured (hw.Calibration).
 RS_REGS = hw.calibration("sm_90").rs_regs
 
@@ -33,7 +33,9 @@ def rs_kernel(num: Numerics, dec: Decode, int_zero: bool, pairs) -> str:
     integer zero points and with scales to convert marked; fetch "halves":
     4-bit codes in the interleaved order (pair q of each word in its two
     halves), "pairs": any other layout lower.rs_pairs reads."""
-    decode = dec.method + ("_int_zero" if int_zero else "")
+    decode = dec.method + ("_int_zero" if int_zero else "_float_zero" if num.zero_kind == "float" else "")
+    if num.formula != "(q - z) * s" and num.zero_kind != "none":
+        decode += "_minus_z"                       # q * s - z
     if not (num.scale_native or num.scale_gran is None):
         decode += "_cvt_scale"
     return f"{decode}/{'halves' if rs_pairs_are_interleaved4(pairs) else 'pairs'}"
@@ -53,7 +55,7 @@ def kernel_class(spec: Spec, arch: str) -> Optional[str]:
         return None
     num, lay = numerics(spec, fp8_mma=a.fp8_mma), weight_layout(spec)
     pairs = rs_pairs(lay, RS_TILES_K[-1])
-    if num.dense or lay.P < 2 or pairs is None:
+    if num.dense or pairs is None:
         return None
     dec = decode_plan(lay, num)
     return f"{rs_kernel(num, dec, _int_zero(num, dec), pairs)}/{num.mma}"
@@ -74,8 +76,8 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     zero points its row's zero too) and one scale per pair."""
     if not (a.tma and a.wgmma and cfg.tma and cfg.wgmma):
         raise PlanError(f"the rs GEMM is a tma wgmma config on sm_90a (target {a.name})")
-    if num.dense or lay.P < 2:
-        raise PlanError("the rs GEMM decodes sub-byte codes")
+    if num.dense:
+        raise PlanError("the rs GEMM decodes weights (dense ones take the TMA GEMM)")
     pairs = rs_pairs(lay, cfg.BK)
     if pairs is None:
         raise PlanError("the rs GEMM needs codes stored [N, K] packed along k, each lane's pair "
@@ -87,11 +89,13 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
                         "the rs GEMM loads rows in 16-byte pieces")
     dec = decode_plan(lay, num)
     int_zero = _int_zero(num, dec)
-    zero_ok = num.zero_kind in ("none", "const") or int_zero
-    if dec.method not in RS_DECODES or num.formula != "(q - z) * s" or not zero_ok:
-        raise PlanError("the rs GEMM decodes (q - z) * s codes by the magic number (the zero "
-                        "point a constant or an integer that joins the subtract as an integer "
-                        "add), e2m1 bits or a 16-entry table")
+    float_zero = num.zero_kind == "float" and dec.method == "magic"
+    zero_ok = num.zero_kind in ("none", "const") or int_zero or float_zero
+    formula_ok = num.formula == "(q - z) * s" or num.zero_kind in ("none", "float")
+    if dec.method not in RS_DECODES or not formula_ok or not zero_ok:
+        raise PlanError("the rs GEMM decodes codes by the magic number (the zero point a "
+                        "constant, an integer that joins the subtract as an integer add, or "
+                        "a float), e2m1 or fp8 bits or a 16-entry table")
     if num.scale_gran == "group" and num.group % cfg.BK:
         raise PlanError(f"scale groups of {num.group} split a {cfg.BK}-deep k-tile")
     if cfg.BK not in RS_TILES_K or cfg.WM != 64 or cfg.WN != cfg.BM or cfg.BM not in RS_TILES_M \

@@ -1,13 +1,14 @@
-"""`opgen tune SPEC... | --all  --shapes NxK,... | --N --K  [--M 1,16,64]`:
+"""`opgen tune SPEC... | --all  --shapes NxK,... | --N --K | --model PATH  [--M 1,16,64]`:
 runtime.tuner.tune_many from the command line, and its report."""
 from __future__ import annotations
 
 import argparse
-from typing import List
+from typing import List, Tuple
 
 from ..bench.plan import matmul_specs, shipped_matmul_specs
 from ..codegen import planner
 from ..codegen.errors import UserError
+from ..model_shapes import linear_shapes, read_config
 from ..runtime import tuner
 from ..runtime.timing import BUDGET_MS, RANK_BUDGET_MS
 from ..runtime.tuning_db import TuningDB, speedup
@@ -29,6 +30,10 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
                    help="weight shapes N x K, e.g. 4096x4096,8192x8192")
     p.add_argument("--N", type=positive_int, default=None, help="with --K: one shape")
     p.add_argument("--K", type=positive_int, default=None)
+    p.add_argument("--model", metavar="PATH", default=None,
+                   help="a Hugging Face config.json or model directory: every distinct N x K of "
+                        "its linear layers (a spec's alignment rules may skip some)")
+    p.add_argument("--lm-head", action="store_true", help="with --model: lm_head's shape too")
     p.add_argument("--M", type=parse_ints, default=None, metavar="M,...",
                    help="comma-separated M values, one per bucket "
                         "(default: every bucket at its representative M)")
@@ -50,39 +55,92 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
 
 
 def specs_and_shapes(args):
-    """(specs, shapes) of the command line; a UserError names the argument at fault."""
+    """(specs, shapes, notes) of the command line; a UserError names the
+    argument at fault. With --model, the shapes are the model's
+    (model_shapes.linear_shapes) and a note says which layers have each."""
     if args.all and args.spec:
         raise UserError("give SPEC names or --all, not both")
     if not args.all and not args.spec:
         raise UserError("no spec: give SPEC names (or --all for every shipped matmul spec)")
+    if args.model is not None and (args.shapes or args.N is not None or args.K is not None):
+        raise UserError("--model and --shapes/--N/--K both given: use one")
+    if args.lm_head and args.model is None:
+        raise UserError("--lm-head goes with --model")
     if args.shapes and (args.N is not None or args.K is not None):
         raise UserError("--shapes and --N/--K both given: use one")
     if (args.N is None) != (args.K is None):
         raise UserError("--N and --K go together (or give --shapes NxK)")
-    shapes = args.shapes or ([(args.N, args.K)] if args.N is not None else None)
+    notes = []
+    if args.model is not None:
+        config, source = read_config(args.model)
+        found = linear_shapes(config, source, lm_head=args.lm_head)
+        shapes = [(s.N, s.K) for s in found]
+        notes.append(f"{source}: {len(found)} distinct linear shape(s) (N x K): "
+                     + "; ".join(f"{s.N}x{s.K} ({', '.join(s.layers)})" for s in found))
+    else:
+        shapes = args.shapes or ([(args.N, args.K)] if args.N is not None else None)
     if not shapes:
-        raise UserError("no shape: give --shapes NxK[,NxK...] (or --N and --K)")
+        raise UserError("no shape: give --shapes NxK[,NxK...] (or --N and --K, or --model)")
     names = shipped_matmul_specs() if args.all else list(dict.fromkeys(args.spec))
-    specs = matmul_specs(names, command="opgen tune")
+    return matmul_specs(names, command="opgen tune"), shapes, notes
+
+
+def tune_groups(args) -> Tuple[List[Tuple[list, list]], List[str]]:
+    """The tune_many calls of the command line, each (specs, shapes), and
+    notes on what is skipped. A shape given with --shapes/--N/--K that a
+    spec refuses is an error; one of a --model is skipped with a note (a
+    model's K need not fit every spec's group), and specs that take the same
+    shapes are tuned in one call (their compiles overlap the timing)."""
+    specs, shapes, notes = specs_and_shapes(args)
+    groups, skipped = {}, []
     for spec in specs:
+        taken = []
         for N, K in shapes:
             try:
                 planner.check_shape(spec, N, K)
+                taken.append((N, K))
             except planner.PlanError as e:
-                raise UserError(f"{spec.name} at N={N}, K={K} (--shapes/--N/--K): {e}") from None
-    return specs, shapes
+                if args.model is None:
+                    raise UserError(f"{spec.name} at N={N}, K={K} (--shapes/--N/--K): {e}") from None
+                skipped.append(f"skipped {spec.name} at N={N} K={K}: {e}")
+        if taken:
+            groups.setdefault(tuple(taken), []).append(spec)
+    if not groups:
+        raise UserError(f"--model {args.model}: no shape of its linear layers fits the given "
+                        f"spec(s): " + "; ".join(skipped))
+    return ([(group_specs, list(group_shapes)) for group_shapes, group_specs in groups.items()],
+            notes + skipped)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    specs, shapes = specs_and_shapes(args)
-    run = tuner.tune_many(specs, shapes, Ms=args.M, db=args.db, workers=args.workers,
-                          repeats=args.repeats, progress=not args.quiet, budget_ms=args.budget_ms,
-                          rank_budget_ms=args.rank_budget_ms, finalists=args.finalists,
-                          seed=args.seed)
+    groups, notes = tune_groups(args)
+    for note in notes:
+        print(note, flush=True)
+    runs = []
+    for specs, shapes in groups:
+        runs.append(tuner.tune_many(specs, shapes, Ms=args.M, db=args.db, workers=args.workers,
+                                    repeats=args.repeats, progress=not args.quiet,
+                                    budget_ms=args.budget_ms, rank_budget_ms=args.rank_budget_ms,
+                                    finalists=args.finalists, seed=args.seed))
+        if runs[-1].interrupted:
+            break
+    run = merged(runs)
     print(report(run, args.db or TuningDB().path))
     if run.interrupted:
         return 130                   # as a shell reports SIGINT
     return 0 if all(r.ok() for r in run.results) else 1
+
+
+def merged(runs: List[tuner.TuneRun]) -> tuner.TuneRun:
+    """One TuneRun of several tune_many calls, for one report."""
+    if len(runs) == 1:
+        return runs[0]
+    return tuner.TuneRun([r for run in runs for r in run.results],
+                         plan_s=sum(r.plan_s for r in runs), kernels=sum(r.kernels for r in runs),
+                         kernels_failed=sum(r.kernels_failed for r in runs),
+                         compile_s=sum(r.compile_s for r in runs),
+                         total_s=sum(r.total_s for r in runs),
+                         interrupted=any(r.interrupted for r in runs))
 
 
 def report(run: tuner.TuneRun, db_path) -> str:

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from opgen.codegen import planner, render
 from opgen.codegen.resolve import load_spec, shipped_specs
+from opgen.codegen.spec import weight_code
 from opgen.codegen import compiler
 from opgen.codegen.validate import spec_from_dict
 from strategies import runnable_shape, valid_spec_dicts
@@ -125,7 +126,9 @@ def test_tma_decode_sass_and_resources(name):
                                          ("awq_w4a16_g128", "magic_int_zero/halves"),
                                          ("w2a16_g128", "magic/pairs"),
                                          ("bitnet_b158", "magic_cvt_scale/pairs"),
-                                         ("bnb_nf4", "table_cvt_scale/pairs")])
+                                         ("bnb_nf4", "table_cvt_scale/pairs"),
+                                         ("w1a16_g128", "magic_float_zero_minus_z/pairs"),
+                                         ("fp8_e4m3_w8a16", "e4m3_cvt_scale/pairs")])
 def test_rs_gemm_sass_and_resources(name, kernel):
     """Every kind of rs GEMM config the tuner may time (each tile, k-tile
     depth and k-group count, in its deepest ring): no spills or local memory,
@@ -147,11 +150,13 @@ def test_rs_gemm_sass_and_resources(name, kernel):
             if c.rs:
                 rings.setdefault((c.BM, c.BN, c.BK, c.kgroups), {})[c.stages] = c
     deepest = [r[max(r)] for r in rings.values()]
-    # (NF4's scale groups of 64 take only 64-deep k-tiles)
-    assert len(deepest) >= 10 and {c.BK for c in deepest} == {bk for bk in planner.RS_TILES_K
-                                                              if s.b.scale.granularity != "group"
-                                                              or s.b.scale.group % bk == 0}
-    assert any(planner.geometry(s, c, "sm_90")["regs"] for c in deepest)
+    # (NF4's scale groups of 64 take only 64-deep k-tiles; 1-bit rows of a
+    # 64-deep tile are 8 bytes, under the 16-byte loads: only 128-deep ones)
+    bks = {bk for bk in planner.RS_TILES_K if (s.b.scale.granularity != "group" or s.b.scale.group % bk == 0)
+           and bk * weight_code(s.b).bits % 128 == 0}
+    assert len(deepest) >= 10 and {c.BK for c in deepest} == bks
+    # (the setmaxnreg split is exercised: by the 4-bit kernels at least)
+    assert not kernel.endswith("/halves") or any(planner.geometry(s, c, "sm_90")["regs"] for c in deepest)
     for cfg in deepest:
         _check_tma_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
         log = compiler.compile_kernel(s, cfg, "sm_90").log

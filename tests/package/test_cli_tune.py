@@ -1,11 +1,15 @@
 """`opgen tune` (opgen/cli/tune.py): its arguments and their errors, what
-it hands runtime.tuner.tune_many, and the report it prints."""
+it hands runtime.tuner.tune_many (with --model: a config's linear shapes),
+and the report it prints."""
+import json
+
 import pytest
 
 from opgen.bench.plan import shipped_matmul_specs
 from opgen.cli import main
 from opgen.cli.tune import report
 from opgen.runtime import tuner
+from opgen.runtime.device import has_gpu
 from opgen.runtime.tuning_db import make_record
 
 
@@ -78,3 +82,90 @@ def test_report():
     assert "== w8a16_fake  N=1024 K=1024: NOT tuned (setup failed: RuntimeError: out of memory)" in text
     assert "stored 2 record(s) of 2 bucket(s), 2 (spec, shape) pair(s), in /tmp/db.json" in text
     assert lines[-1].startswith("total ") and "compiling 10 kernels" in lines[-1]
+
+
+# --- --model: a Hugging Face config's linear shapes ------------------------------------------
+
+LLAMA3_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+             "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}
+GPT_OSS_20B = {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+               "head_dim": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
+               "num_local_experts": 32, "vocab_size": 201088}
+
+
+def _record_calls(monkeypatch):
+    calls = []
+
+    def fake(specs, shapes, **kw):
+        calls.append(([s.name for s in specs], list(shapes), kw))
+        return tuner.TuneRun([tuner.TuneResults("key", s.name, N, K) for s in specs for N, K in shapes],
+                             kernels=2, total_s=1.0)
+    monkeypatch.setattr(tuner, "tune_many", fake)
+    return calls
+
+
+def test_model_tunes_every_distinct_linear_shape(capsys, monkeypatch, tmp_path):
+    calls = _record_calls(monkeypatch)
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    db = str(tmp_path / "db.json")
+    assert main(["tune", "gptq_v2_w4a16_g128", "bnb_nf4", "--model", str(tmp_path), "--M", "1,16",
+                 "--db", db]) == 0
+    shapes = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)]
+    assert calls == [(["gptq_v2_w4a16_g128", "bnb_nf4"], shapes, calls[0][2])]   # one call
+    assert calls[0][2]["Ms"] == [1, 16] and calls[0][2]["db"] == db
+    out = capsys.readouterr().out
+    assert out.startswith(f"{tmp_path / 'config.json'}: 4 distinct linear shape(s) (N x K): "
+                          "4096x4096 (self_attn.q_proj, self_attn.o_proj); 1024x4096")
+    assert "stored 0 record(s) of 0 bucket(s), 8 (spec, shape) pair(s)" in out
+    # lm_head on request, from the config file itself
+    main(["tune", "w8a8_int8", "--model", str(tmp_path / "config.json"), "--lm-head", "--db", db])
+    assert calls[-1][:2] == (["w8a8_int8"], shapes + [(128256, 4096)])
+
+
+def test_model_shapes_a_spec_refuses_are_skipped(capsys, monkeypatch, tmp_path):
+    """gpt-oss-20b's K = 2880 is not a multiple of 128: the g128 spec takes
+    only its 4096-wide o_proj, mxfp4 (group 32) all; specs taking the same
+    shapes share a call, the runs are reported as one."""
+    calls = _record_calls(monkeypatch)
+    (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_20B))
+    assert main(["tune", "gptq_v2_w4a16_g128", "mxfp4", "w8a8_int8", "--model", str(tmp_path),
+                 "--db", str(tmp_path / "db.json"), "--quiet"]) == 0
+    every = [(4096, 2880), (512, 2880), (2880, 4096), (5760, 2880), (2880, 2880)]
+    assert [c[:2] for c in calls] == [(["gptq_v2_w4a16_g128"], [(2880, 4096)]),
+                                      (["mxfp4", "w8a8_int8"], every)]
+    out = capsys.readouterr().out
+    assert "skipped gptq_v2_w4a16_g128 at N=4096 K=2880: " in out and "128" in out
+    assert "pair(s)" in out and "compiling 4 kernels" in out         # the merged report
+    # nothing fits: one error line
+    (tmp_path / "odd.json").write_text(json.dumps(dict(GPT_OSS_20B, head_dim=33)))
+    rc = main(["tune", "gptq_v2_w4a16_g128", "--model", str(tmp_path / "odd.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no shape of its linear layers fits" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--model", "{d}", "--shapes", "4096x4096"], "--model and --shapes/--N/--K both given"),
+    (["--shapes", "4096x4096", "--lm-head"], "--lm-head goes with --model"),
+    (["--model", "{d}/nothere.json"], "nothere.json: no such file"),
+    (["--model", "{d}/bad.json"], "bad.json: hidden_size: missing"),
+])
+def test_model_errors(argv, msg, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(tuner, "tune_many", lambda *a, **k: pytest.fail("must not start"))
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    (tmp_path / "bad.json").write_text(json.dumps({"model_type": "llama"}))
+    rc = main(["tune", "bnb_nf4", *[a.replace("{d}", str(tmp_path)) for a in argv]])
+    err = capsys.readouterr().err
+    assert rc == 2 and msg in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_without_a_gpu_one_line(capsys, tmp_path):
+    """No GPU here: the tuner's NoGPUError is one line (status 1, as for
+    every missing-CUDA error of the CLI), after the model's shapes."""
+    if has_gpu():
+        pytest.skip("has a GPU")
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    rc = main(["tune", "bnb_nf4", "--model", str(tmp_path), "--db", str(tmp_path / "db.json"),
+               "--quiet", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith("opgen: error: ") and len(err.splitlines()) == 1
+    assert "Traceback" not in err

@@ -38,7 +38,7 @@ def dequantized_model(qmodel: nn.Module, dtype=torch.float32) -> nn.Module:
     model = copy.deepcopy(qmodel)
     for name, mod in list(model.named_modules()):
         if isinstance(mod, ot.QuantLinear):
-            t = {k: ot._to_numpy(getattr(mod, k)) for k in ("qweight", "scales", "zeros")
+            t = {k: ot.to_numpy(getattr(mod, k)) for k in ("qweight", "scales", "zeros")
                  if getattr(mod, k) is not None}
             w = R.dequantize(mod.kernel_spec, t, mod.out_features, mod.in_features)
             lin = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None)
@@ -106,7 +106,7 @@ def test_layer_matches_reference_matmul():
     lin = tiny_mlp()[0]
     q = ot.QuantLinear.from_linear("awq_w4a16_g128", lin)
     x = torch.randn(5, 256).half()
-    t = {k: ot._to_numpy(getattr(q, k)) for k in ("qweight", "scales", "zeros")}
+    t = {k: ot.to_numpy(getattr(q, k)) for k in ("qweight", "scales", "zeros")}
     want = R.reference_matmul(q.kernel_spec, x.numpy(), t).astype(np.float32) + q.bias.float().numpy()
     got = q(x)
     assert got.dtype == torch.float16
@@ -296,7 +296,7 @@ def test_gpu_layer_matches_reference(spec, record):
     q = ot.QuantLinear.from_linear(spec, lin).cuda()
     x = torch.randn(3, 5, 256, device="cuda").half()
     got = q(x).float().cpu().reshape(15, 128)
-    t = {k: ot._to_numpy(getattr(q, k)) for k in ("qweight", "scales", "zeros") if getattr(q, k) is not None}
+    t = {k: ot.to_numpy(getattr(q, k)) for k in ("qweight", "scales", "zeros") if getattr(q, k) is not None}
     xs = x.reshape(15, 256).cpu()
     a, a_scale = (xs.numpy(), None)
     if q.spec.a.dtype == "int8":
@@ -315,7 +315,7 @@ def test_gpu_layer_moves_cuda_tensors_on_the_gpu(spec):
     (CuPy through DLPack) and gives the bytes the CPU's numpy move gives."""
     t = quantize(as_spec(spec), tiny_mlp()[0].weight.detach().numpy())
     cpu = ot.QuantLinear(spec, 256, 128, **t)
-    gpu = ot.QuantLinear(spec, 256, 128, **{k: ot._to_torch(v).cuda() for k, v in t.items()})
+    gpu = ot.QuantLinear(spec, 256, 128, **{k: ot.to_torch(v).cuda() for k, v in t.items()})
     assert gpu.qweight.is_cuda and gpu.kernel_spec == cpu.kernel_spec
     for k in ("qweight", "scales", "zeros"):
         assert torch.equal(getattr(gpu, k).cpu(), getattr(cpu, k)), k

@@ -25,8 +25,8 @@ def test_rs_gemm_rules():
     tpg = lambda **kw: planner.geometry(spec("w4a16_sym_g128"), dataclasses.replace(c, **kw), "sm_90")["tpg"]  # noqa: E731
     assert (tpg(), tpg(stages=6), tpg(stages=6, kgroups=1), tpg(BK=128)) == (2, 1, 2, 1)
     assert c.name == "gemm_64x64x64_w64x64_p8_s1_wg_tma_rs2"
-    for name, why in (("gptq_v2_w4a16_g128", r"stored \[N, K\] packed along k"), ("fp16", "sub-byte"),
-                      ("fp8_e4m3_w8a16", "sub-byte"),
+    for name, why in (("gptq_v2_w4a16_g128", r"stored \[N, K\] packed along k"), ("fp16", "dense"),
+                      ("w8a8_int8", "dense"),
                       ("mxfp4", "scale groups of 32 split a 64-deep k-tile")):
         with pytest.raises(planner.PlanError, match=why):
             planner.geometry(spec(name), c, "sm_90")
@@ -36,9 +36,8 @@ def test_rs_gemm_rules():
                                                        formula="(q - z) * s"))
     with pytest.raises(planner.PlanError, match="8 bytes a row"):
         planner.geometry(w1, c, "sm_90")
-    # float zero points (w1a16: q * s - z) are not the rs GEMM's
-    with pytest.raises(planner.PlanError, match=r"\(q - z\) \* s codes"):
-        planner.geometry(spec("w1a16_g128"), dataclasses.replace(c, BK=128), "sm_90")
+    # float zero points and q * s - z (w1a16), 128-deep tiles
+    assert planner.geometry(spec("w1a16_g128"), dataclasses.replace(c, BK=128), "sm_90")["rs"]
     with pytest.raises(planner.PlanError, match="sm_90a"):
         planner.geometry(spec("w4a16_sym_g128"), c, "sm_80")
     for bad, why in ((dict(split_k=2), "split_k 1"), (dict(kgroups=3), "k-groups"),
@@ -55,7 +54,8 @@ def test_rs_gemm_rules():
     assert {n: k.rsplit("/", 1)[0] for n, k in have.items()} == {
         "w4a16_sym_g128": "magic/halves", "gptq_v1_w4a16_g128_repacked": "magic_int_zero/halves",
         "gptq_v2_w4a16_g128_repacked": "magic_int_zero/halves", "w2a16_g128": "magic/pairs",
-        "bitnet_b158": "magic_cvt_scale/pairs", "bnb_nf4": "table_cvt_scale/pairs"}
+        "bitnet_b158": "magic_cvt_scale/pairs", "bnb_nf4": "table_cvt_scale/pairs",
+        "w1a16_g128": "magic_float_zero_minus_z/pairs", "fp8_e4m3_w8a16": "e4m3_cvt_scale/pairs"}
     assert {k.rsplit("/", 1)[1] for k in have.values()} == {"float16"}
     # bfloat16 activations: the same decoding, not yet run on the device
     bf = spec("w4a16_sym_g128")

@@ -1,0 +1,118 @@
+"""The linear layers of a Hugging Face model, read from its config.json: every
+distinct weight shape (N, K) and the layers that have it, so that opgen can be
+tuned for a model (`opgen tune --model`) without loading any weight.
+
+    config, source = read_config("Meta-Llama-3-8B/")       # or .../config.json
+    for s in linear_shapes(config, source):                # [LinearShape(N=4096, K=4096, ...), ...]
+        print(s.N, s.K, s.layers)
+
+Covered: the attention projections (q/k/v/o from hidden_size,
+num_attention_heads, num_key_value_heads, head_dim), the MLP (gate/up/down
+from intermediate_size), mixture-of-experts experts (num_local_experts /
+num_experts, moe_intermediate_size; gpt-oss's fused gate_up), shared experts
+(shared_expert_intermediate_size) and, on request, lm_head. Routers are left
+out (a few dozen outputs, kept in float by every quantized format). N is the
+output size and K the input size, as in the tuning DB.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Mapping, Tuple, Union
+
+from .codegen.errors import UserError
+
+__all__ = ["LinearShape", "read_config", "linear_layers", "linear_shapes"]
+
+
+@dataclass(frozen=True)
+class LinearShape:
+    N: int                      # out_features
+    K: int                      # in_features
+    layers: Tuple[str, ...]     # the layers of this shape, as named in one decoder layer
+
+
+def read_config(path: Union[str, Path]) -> Tuple[dict, str]:
+    """(config dict, the file it came from) of a config.json or of a model
+    directory holding one; a UserError names the file and what is wrong."""
+    p = Path(path)
+    f = p / "config.json" if p.is_dir() else p
+    if not f.is_file():
+        raise UserError(f"{f}: no such file (give a Hugging Face config.json or a model directory)")
+    try:
+        config = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{f}: not a readable JSON file ({e})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{f}: expected a JSON object, got {type(config).__name__}")
+    return config, str(f)
+
+
+def _text_config(config: Mapping, source: str) -> Tuple[Mapping, str]:
+    """Multimodal configs keep the language model's sizes under text_config."""
+    if "hidden_size" not in config and isinstance(config.get("text_config"), dict):
+        return config["text_config"], "text_config."
+    return config, ""
+
+
+def _size(config: Mapping, key: str, source: str, prefix: str, default=None) -> int:
+    v = config.get(key, default)
+    if v is None:
+        raise UserError(f"{source}: {prefix}{key}: missing (needed for the linear layers' shapes)")
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise UserError(f"{source}: {prefix}{key}: {v!r} is not a positive integer")
+    return v
+
+
+def linear_layers(config: Mapping, source: str = "config.json",
+                  lm_head: bool = False) -> List[Tuple[str, int, int]]:
+    """(name, N, K) of each linear layer of one decoder layer (experts once,
+    not once per expert), then lm_head if asked."""
+    config, pre = _text_config(config, source)
+
+    def size(key, default=None):
+        return _size(config, key, source, pre, default)
+
+    if config.get("kv_lora_rank") is not None:
+        raise UserError(f"{source}: {pre}kv_lora_rank: multi-head latent attention (DeepSeek) "
+                        f"is not covered; give the shapes with --shapes")
+    H = size("hidden_size")
+    heads = size("num_attention_heads")
+    kv = size("num_key_value_heads", heads)
+    if H % heads and config.get("head_dim") is None:
+        raise UserError(f"{source}: {pre}num_attention_heads: {heads} does not divide "
+                        f"hidden_size {H} and there is no head_dim")
+    hd = size("head_dim", H // heads)
+    out = [("self_attn.q_proj", heads * hd, H), ("self_attn.k_proj", kv * hd, H),
+           ("self_attn.v_proj", kv * hd, H), ("self_attn.o_proj", H, heads * hd)]
+    experts = config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts")
+    if experts:
+        I_e = size("moe_intermediate_size", config.get("intermediate_size"))
+        if config.get("model_type") == "gpt_oss":      # gate and up fused, interleaved
+            out += [("mlp.experts.gate_up_proj", 2 * I_e, H), ("mlp.experts.down_proj", H, I_e)]
+        else:
+            out += _mlp("mlp.experts.", I_e, H)
+        if config.get("shared_expert_intermediate_size"):
+            out += _mlp("mlp.shared_expert.", size("shared_expert_intermediate_size"), H)
+        if config.get("mlp_only_layers") or (config.get("decoder_sparse_step") or 1) > 1:
+            out += _mlp("mlp.", size("intermediate_size"), H)    # the dense layers among them
+    else:
+        out += _mlp("mlp.", size("intermediate_size"), H)
+    if lm_head:
+        out.append(("lm_head", size("vocab_size"), H))
+    return out
+
+
+def _mlp(prefix: str, I: int, H: int) -> List[Tuple[str, int, int]]:
+    return [(prefix + "gate_proj", I, H), (prefix + "up_proj", I, H), (prefix + "down_proj", H, I)]
+
+
+def linear_shapes(config: Mapping, source: str = "config.json",
+                  lm_head: bool = False) -> List[LinearShape]:
+    """The distinct (N, K) of linear_layers, in order of first appearance,
+    each with the names of the layers that have it."""
+    by_shape: Dict[Tuple[int, int], List[str]] = {}
+    for name, N, K in linear_layers(config, source, lm_head):
+        by_shape.setdefault((N, K), []).append(name)
+    return [LinearShape(N, K, tuple(names)) for (N, K), names in by_shape.items()]
