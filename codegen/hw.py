@@ -195,6 +195,9 @@ H200 = Calibration(
         # fp8_e4m3_w8a16 (one code a byte: lanes 0-1 in one word, 2-3 in the next).
         "e4m3_cvt_scale/pairs": {(64, 16): 69, (64, 32): 79, (64, 64): 90, (64, 128): 122, (64, 256): 185,
                                  (128, 16): 95, (128, 32): 96, (128, 64): 117, (128, 128): 144},
+        # mxfp4 (e2m1, e8m0 scales per 32: two or four a row and k-tile).
+        "fp4_cvt_scale/pairs": {(64, 16): 69, (64, 32): 76, (64, 64): 86, (64, 128): 122, (64, 256): 182,
+                                (128, 16): 95, (128, 32): 95, (128, 64): 110, (128, 128): 146},
         "table_cvt_scale/pairs": {(64, 16): 80, (64, 32): 95, (64, 64): 96, (64, 128): 128, (64, 256): 220},
     },
     # w4a16_sym and the GPTQ repacked specs (docs/performance.md#rs-gemm).

@@ -96,8 +96,14 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
         raise PlanError("the rs GEMM decodes codes by the magic number (the zero point a "
                         "constant, an integer that joins the subtract as an integer add, or "
                         "a float), e2m1 or fp8 bits or a 16-entry table")
+    # Scale groups of whole k-tiles, or of whole k16 steps that tile a
+    # k-tile (spt per row and tile: MXFP4's 32), outside the 4-bit
+    # interleaved kernels (their one scale per unit is what ran on the device).
+    spt = 1
     if num.scale_gran == "group" and num.group % cfg.BK:
-        raise PlanError(f"scale groups of {num.group} split a {cfg.BK}-deep k-tile")
+        if rs_pairs_are_interleaved4(pairs) or num.group % 16 or cfg.BK % num.group:
+            raise PlanError(f"scale groups of {num.group} split a {cfg.BK}-deep k-tile")
+        spt = cfg.BK // num.group
     if cfg.BK not in RS_TILES_K or cfg.WM != 64 or cfg.WN != cfg.BM or cfg.BM not in RS_TILES_M \
             or cfg.BN not in RS_TILES_N:
         raise PlanError(f"rs GEMM tiles: BK in {RS_TILES_K}, BM (wgmma N) in {RS_TILES_M}, "
@@ -146,7 +152,7 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     # k-tiles of one scale group that a k-group takes in a row (one scale and
     # zero load for all of them), where the ring's slots still each serve
     # one k-group.
-    tpg = num.group // cfg.BK if num.scale_gran == "group" else 1
+    tpg = num.group // cfg.BK if num.scale_gran == "group" and spt == 1 else 1
     if cfg.kgroups > 1 and cfg.stages % (cfg.kgroups * tpg):
         tpg = 1
     return dict(threads=threads, consumers=consumers, regs=regs, tpg=tpg, ce=2, a_bytes=2, a_decode=False,
@@ -155,7 +161,7 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
                 grid_tiles=(cfg.BN, cfg.BM), acc_int=False, mma_ptx=mma.ptx, inflight=1,
                 target=hw.WGMMA_TARGET[a.name], wgmma_types=hw.WGMMAS[num.mma].types,
                 pairs=pairs, interleaved4=rs_pairs_are_interleaved4(pairs), words=w_rowb // 4,
-                kernel=kernel)
+                kernel=kernel, spt=spt)
 
 
 FAMILY = Family("rs", geometry, kind=lambda cfg, g: "gemm_rs", grid=grid, shape_ok=stored_rows_ok,

@@ -3,6 +3,7 @@
 holds the tensor-core, ldmatrix and cp.async instructions; ptxas reports no
 spills or local memory for the default configs; the cubin cache. Every
 shipped spec built for every arch: test_build.py."""
+import dataclasses
 import os
 import re
 import time
@@ -128,7 +129,8 @@ def test_tma_decode_sass_and_resources(name):
                                          ("bitnet_b158", "magic_cvt_scale/pairs"),
                                          ("bnb_nf4", "table_cvt_scale/pairs"),
                                          ("w1a16_g128", "magic_float_zero_minus_z/pairs"),
-                                         ("fp8_e4m3_w8a16", "e4m3_cvt_scale/pairs")])
+                                         ("fp8_e4m3_w8a16", "e4m3_cvt_scale/pairs"),
+                                         ("mxfp4", "fp4_cvt_scale/pairs")])
 def test_rs_gemm_sass_and_resources(name, kernel):
     """Every kind of rs GEMM config the tuner may time (each tile, k-tile
     depth and k-group count, in its deepest ring): no spills or local memory,
@@ -152,7 +154,8 @@ def test_rs_gemm_sass_and_resources(name, kernel):
     deepest = [r[max(r)] for r in rings.values()]
     # (NF4's scale groups of 64 take only 64-deep k-tiles; 1-bit rows of a
     # 64-deep tile are 8 bytes, under the 16-byte loads: only 128-deep ones)
-    bks = {bk for bk in planner.RS_TILES_K if (s.b.scale.granularity != "group" or s.b.scale.group % bk == 0)
+    bks = {bk for bk in planner.RS_TILES_K if (s.b.scale.granularity != "group" or s.b.scale.group % bk == 0
+                                               or (s.b.scale.group < bk and kernel.endswith("/pairs")))
            and bk * weight_code(s.b).bits % 128 == 0}
     assert len(deepest) >= 10 and {c.BK for c in deepest} == bks
     # (the setmaxnreg split is exercised: by the 4-bit kernels at least)
@@ -333,3 +336,25 @@ def test_default_config_settles_for_the_first_pick_when_all_spill(monkeypatch):
 class FakeCompiled:
     def __init__(self, resources):
         self.resources = resources
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["w4a16_sym_g128", "gptq_v2_w4a16_g128", "awq_w4a16_g128", "bnb_nf4", "mxfp4",
+                                  "w2a16_g128", "bitnet_b158"])
+def test_rs_gemm_bf16_activations(name):
+    """The same rs GEMM decodings with bfloat16 activations (scales in
+    bfloat16 where the spec's were float16): one config each of the
+    heuristic's tile at M = 64, in the execution layout, compiles without
+    spills or local memory, with bf16 HGMMA."""
+    s = spec(name)
+    w = s.b
+    if w.scale.dtype == "float16":
+        w = dataclasses.replace(w, scale=dataclasses.replace(w.scale, dtype="bfloat16"))
+    if w.zero.kind == "float":
+        w = dataclasses.replace(w, zero=dataclasses.replace(w.zero, dtype="bfloat16"))
+    s = planner.execution_spec(dataclasses.replace(s, name=name + "_bf16", a=dataclasses.replace(s.a, dtype="bfloat16"),
+                                                   out=dataclasses.replace(s.out, dtype="bfloat16"), b=w), "sm_90")
+    assert planner.rs.kernel_class(s, "sm_90").endswith("/bfloat16")
+    cfgs = [c for c in planner.candidates(s, "sm_90", 64, 8192, 8192) if c.rs]
+    assert cfgs
+    _check_tma_kernel(s, cfgs[len(cfgs) // 2], forbidden="LDL|STL|LDGSTS")

@@ -26,8 +26,7 @@ def test_rs_gemm_rules():
     assert (tpg(), tpg(stages=6), tpg(stages=6, kgroups=1), tpg(BK=128)) == (2, 1, 2, 1)
     assert c.name == "gemm_64x64x64_w64x64_p8_s1_wg_tma_rs2"
     for name, why in (("gptq_v2_w4a16_g128", r"stored \[N, K\] packed along k"), ("fp16", "dense"),
-                      ("w8a8_int8", "dense"),
-                      ("mxfp4", "scale groups of 32 split a 64-deep k-tile")):
+                      ("w8a8_int8", "dense")):
         with pytest.raises(planner.PlanError, match=why):
             planner.geometry(spec(name), c, "sm_90")
     # 1-bit codes: a 64-deep tile is 8 bytes a row
@@ -55,7 +54,15 @@ def test_rs_gemm_rules():
         "w4a16_sym_g128": "magic/halves", "gptq_v1_w4a16_g128_repacked": "magic_int_zero/halves",
         "gptq_v2_w4a16_g128_repacked": "magic_int_zero/halves", "w2a16_g128": "magic/pairs",
         "bitnet_b158": "magic_cvt_scale/pairs", "bnb_nf4": "table_cvt_scale/pairs",
-        "w1a16_g128": "magic_float_zero_minus_z/pairs", "fp8_e4m3_w8a16": "e4m3_cvt_scale/pairs"}
+        "w1a16_g128": "magic_float_zero_minus_z/pairs", "fp8_e4m3_w8a16": "e4m3_cvt_scale/pairs",
+        "mxfp4": "fp4_cvt_scale/pairs"}
+    # scale groups shorter than a k-tile: several scales a row and tile
+    # (MXFP4's 32), but not in the 4-bit interleaved kernels run on the device
+    assert planner.geometry(spec("mxfp4"), dataclasses.replace(c, BK=128), "sm_90")["spt"] == 4
+    sym = spec("w4a16_sym_g128")
+    g64 = dataclasses.replace(sym, b=dataclasses.replace(sym.b, scale=dataclasses.replace(sym.b.scale, group=64)))
+    with pytest.raises(planner.PlanError, match="scale groups of 64 split a 128-deep k-tile"):
+        planner.geometry(g64, dataclasses.replace(c, BK=128), "sm_90")
     assert {k.rsplit("/", 1)[1] for k in have.values()} == {"float16"}
     # bfloat16 activations: the same decoding, not yet run on the device
     bf = spec("w4a16_sym_g128")
