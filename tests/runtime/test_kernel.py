@@ -29,6 +29,18 @@ from opgen.runtime.kernel import Kernel
 from strategies import runnable_shape, valid_spec_dicts
 
 MATMUL_SPECS = sorted(n for n, p in shipped_specs().items() if load_spec(p).op == "matmul")
+# ... and, as "<name>@exec", the execution specs that differ from the stored
+# form (opgen.load runs those; layout="stored" the stored form)
+RUN_SPECS = MATMUL_SPECS + [n + "@exec" for n in MATMUL_SPECS
+                            if planner.execution_spec(load_spec(shipped_specs()[n]), "sm_90")
+                            != load_spec(shipped_specs()[n])]
+
+
+def run_spec(name):
+    """A RUN_SPECS entry's spec."""
+    base, _, exe = name.partition("@")
+    spec = load_spec(shipped_specs()[base])
+    return planner.execution_spec(spec, "sm_90") if exe else spec
 
 
 @functools.lru_cache(maxsize=48)
@@ -120,10 +132,10 @@ def test_launch_values_follow_the_declared_arguments():
 # --- on the GPU ----------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", MATMUL_SPECS)
+@pytest.mark.parametrize("name", RUN_SPECS)
 @pytest.mark.parametrize("M", MS)
 def test_spec_matches_reference(name, M, record):
-    spec = load_spec(shipped_specs()[name])
+    spec = run_spec(name)
     arch = current_arch()
     for (N, K) in shapes_for(M):
         for i, cfg in enumerate(configs_for(spec, arch, M, N, K, limit=N_CONFIGS)):
@@ -131,12 +143,12 @@ def test_spec_matches_reference(name, M, record):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", MATMUL_SPECS)
+@pytest.mark.parametrize("name", RUN_SPECS)
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_odd_shapes(name, data, record):
     """Odd M and the smallest N, K the alignment rules allow, any valid config."""
-    spec = load_spec(shipped_specs()[name])
+    spec = run_spec(name)
     arch = current_arch()
     M = data.draw(st.integers(1, 300), label="M")
     N = data.draw(st.sampled_from([8, 24, 40, 136, 264, 520, 544]), label="N")
@@ -269,12 +281,16 @@ def test_rs_matches_reference(name, M, N, K, record):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["gptq_v2_w4a16_g128", "w4a16_sym_g128", "bnb_nf4", "w8a8_int8"])
+@pytest.mark.parametrize("name", ["gptq_v2_w4a16_g128", "gptq_v2_w4a16_g128@exec", "awq_w4a16_g128@exec",
+                                  "w4a16_sym_g128", "bnb_nf4", "mxfp4", "bitnet_b158", "fp8_e4m3_w8a16",
+                                  "w1a16_g128", "w8a8_int8"])
 @pytest.mark.parametrize("M", [1, 5, 70])
 def test_every_candidate(name, M, record):
     """Every configuration the tuner may time, at a small odd shape: a config
-    that faults would otherwise take a whole tuning run down."""
-    spec = load_spec(shipped_specs()[name])
+    that faults would otherwise take a whole tuning run down (in the stored
+    form and in the execution layouts opgen.load runs; the rs GEMM's
+    decodings not yet run on the device among them)."""
+    spec = run_spec(name)
     N, K = 264, 1024
     check_all(spec, planner.candidates(spec, current_arch(), M, N, K), M, N, K, record)
 
