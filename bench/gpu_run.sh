@@ -26,6 +26,11 @@
 #                                                  NCU_DETAILS=1 stall reasons, NCU_SASS=1 the SASS
 #                                                  lines stalled on most
 #   bash bench/gpu_run.sh probe                    bench/wgmma_probe.py -> wgmma_probe.json, .txt
+#   bash bench/gpu_run.sh memcheck [PYTEST_ARGS...] compute-sanitizer memcheck of one config of
+#                                                  each kernel kind per spec at odd tails
+#                                                  (test_kernel.py -k memcheck) -> memcheck.txt;
+#                                                  rc 99: it found an error (Firecracker
+#                                                  runtimes only: KINDS.md)
 #
 # Time limits per step (s, SIGINT: the tuner keeps every pair it stored, the
 # bench every spec it finished): T_TEST (240), T_TUNE (300), T_BENCH (150),
@@ -33,7 +38,7 @@
 # T_TUNE 280 to stay under a device call's 600 s. BUDGET_MS: device time per
 # measurement of tune (5) and sweep (2).
 set -u
-cmd=${1:?usage: bash bench/gpu_run.sh verify|tune|bench|ship|sweep|ncu|probe [ARGS...]}; shift
+cmd=${1:?usage: bash bench/gpu_run.sh verify|tune|bench|ship|sweep|ncu|probe|memcheck [ARGS...]}; shift
 OUT=${OUT:-/tmp/opgen_out}; mkdir -p "$OUT"
 export OPGEN_CACHE_DIR=${OPGEN_CACHE_DIR:-/tmp/opgen_cache} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 DB="$OUT/nvidia_h200.json"
@@ -59,6 +64,14 @@ verify() {
   OPGEN_RESULTS="$OUT/gpu_correctness.json" timeout -s INT -k 15 "${T_TEST:-240}" \
     $PYTEST "$@" > "$OUT/pytest_gpu.txt" 2>&1
   grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.txt" | tail -8
+}
+
+memcheck() {
+  [ $# -gt 0 ] || set -- tests/runtime/test_kernel.py -k memcheck
+  timeout -s INT -k 15 "${T_MEMCHECK:-500}" compute-sanitizer --tool memcheck --error-exitcode 99 \
+    --print-limit 20 $PYTEST "$@" > "$OUT/memcheck.txt" 2>&1
+  echo "memcheck rc=$?"
+  grep -E "ERROR SUMMARY|Invalid|passed|failed" "$OUT/memcheck.txt" | tail -12
 }
 
 tune() {
@@ -153,7 +166,8 @@ case "$cmd" in
   ship) T_TEST=${T_TEST:-120} T_TUNE=${T_TUNE:-280}; verify; tune; bench ;;
   sweep) sweep "$@" ;;
   ncu) ncu_one "$@" ;;
+  memcheck) memcheck "$@" ;;
   probe) timeout "${T_PROBE:-120}" python3 bench/wgmma_probe.py --out "$OUT/wgmma_probe.json" \
            > "$OUT/wgmma_probe.txt" 2>&1; tail -40 "$OUT/wgmma_probe.txt" ;;
-  *) echo "unknown command $cmd: verify|tune|bench|ship|sweep|ncu|probe" >&2; exit 2 ;;
+  *) echo "unknown command $cmd: verify|tune|bench|ship|sweep|ncu|probe|memcheck" >&2; exit 2 ;;
 esac

@@ -353,3 +353,27 @@ def test_predecode_matches_reference(name, M, N, K, record):
             one.setdefault((c.wgmma, c.BN, c.WN), c)
         cfgs = list(one.values())
     check_all(spec, cfgs, M, N, K, record)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", RUN_SPECS)
+def test_memcheck_one_config_of_each_kind(name, record):
+    """One config of each kernel kind a spec has (GEMV, tensor-core GEMV,
+    mma.sync and TMA GEMMs, rs GEMM, predecode), at tails in M, N and K;
+    `bash bench/gpu_run.sh memcheck` runs this under compute-sanitizer
+    (memcheck: every load and store in bounds)."""
+    spec = run_spec(name)
+    arch = current_arch()
+    for M in (13, 70, 300):
+        for N in (264, 288):                       # (288: rows of 16 bytes for [K, N] words)
+            K = 1152
+            try:
+                cands = planner.candidates(spec, arch, M, N, K)
+            except planner.PlanError:
+                continue
+            kinds = {}
+            for c in cands:
+                kind = "predecode" if c.predecode else planner.plan(spec, c, arch).kind
+                kinds.setdefault((kind, c.split_k > 1), c)
+            check_all(spec, list(kinds.values()), M, N, K, record)
+            break
