@@ -64,6 +64,24 @@ class Session:
     def release(self) -> None:
         self.xp.get_default_memory_pool().free_all_blocks()
 
+    def capture(self, enqueue):
+        """A CUDA graph of what enqueue() launches on the session's stream,
+        captured once (nothing runs); graph.launch(self.stream) replays it.
+        Nothing may allocate while capturing: run enqueue() once before, on
+        this stream (first calls load kernels and make split-K workspaces)."""
+        s = self.stream
+        with s:
+            s.begin_capture()
+            try:
+                enqueue()
+            except BaseException:
+                try:
+                    s.end_capture()          # leave capture mode; the graph is dropped
+                except Exception:
+                    pass
+                raise
+            return s.end_capture()
+
     def kernel(self, spec, cfg) -> Kernel:
         k = self.kernels.get((spec, cfg))
         if k is None:

@@ -1,7 +1,8 @@
 """A GPU workbench on numpy, for the CPU tests of what runs on it (the
-workbench itself, the bench's opgen rows): NumpySession is a
+workbench itself, the bench's opgen rows and graph mode): NumpySession is a
 runtime.workbench.Session whose "device" arrays are numpy arrays, its
-kernels the numpy reference (spoilt on request), its timer a fixed time."""
+kernels the numpy reference (spoilt on request), its timer a fixed time,
+its CUDA graphs a replay of the captured function."""
 import contextlib
 
 import numpy as np
@@ -46,6 +47,17 @@ class FakeTimer:
     rank = measure
 
 
+class NumpyGraph:
+    """Session.capture's graph: launch() runs what was captured again."""
+
+    def __init__(self, enqueue):
+        self.enqueue, self.launches = enqueue, 0
+
+    def launch(self, stream=None):
+        self.launches += 1
+        self.enqueue()
+
+
 class NumpySession(workbench.Session):
     """The Session's device interface on numpy, no GPU; kernel(spec, "faulty")
     spoils its output as `fault` says."""
@@ -73,3 +85,8 @@ class NumpySession(workbench.Session):
 
     def kernel(self, spec, cfg):
         return NumpyKernel(spec, self.fault if cfg == "faulty" else None)
+
+    def capture(self, enqueue):
+        """As a CUDA stream capture: nothing runs until the graph is launched."""
+        self.graphs = getattr(self, "graphs", []) + [NumpyGraph(enqueue)]
+        return self.graphs[-1]

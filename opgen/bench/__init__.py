@@ -31,6 +31,7 @@ tested on CPU):
   machine.py     copy bandwidth, matmul ceilings, the read-only kernel's time
   peers.py       the peers' rows
   opgen_rows.py  opgen's rows (op and fused linear), on the workbench
+  graph.py       graph mode: L distinct layers in one CUDA graph, µs per layer
   precompile.py  compiling ahead while the peers are timed
   failures.py    how a failure is written into a row
   entry.py       run: plan, time, write the outputs

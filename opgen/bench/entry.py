@@ -10,9 +10,10 @@ import time
 from ..codegen import planner
 from ..codegen.errors import UserError
 from ..runtime.tuning_db import TuningDB
+from . import graph as graph_mode
 from . import runner
 from .plan import matmul_specs, resolve_plan
-from .report import results_table, targets_section, write_outputs
+from .report import graph_table, results_table, targets_section, write_outputs
 from .roofline import READ_ONLY_MAX_M, add_read_only, finish_row
 from .targets import TARGET_SHAPE, evaluate_targets
 
@@ -35,10 +36,11 @@ def run(args: argparse.Namespace, command: str) -> int:
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "env": g.env(),
         "plan": {"specs": [s.name for s in specs], "shapes": [list(s) for s in plan.shapes],
-                 "Ms": list(plan.Ms), "peers": list(plan.peers)},
+                 "Ms": list(plan.Ms), "peers": list(plan.peers), "graph": plan.graph},
         "timing": {"budget_ms": args.budget_ms, "method": "CUDA events, launches queued behind a "
                    "spin kernel (runtime.timing.Timer), median of samples, rotating input copies "
-                   "(> 2x L2 in total)", "l2_bytes": g.l2},
+                   "(> 2x L2 in total)", "l2_bytes": g.l2,
+                   "graph": graph_mode.METHOD if plan.graph else None},
         "peers": list(plan.peers),
     }
     db = None
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         results["measured"] = g.measure_machine()
         peers = {}
         for N, K in plan.shapes:
-            peers[N, K] = g.time_peers(plan.peers, N, K, plan.Ms)
+            peers[N, K] = g.time_peers(plan.peers, N, K, plan.Ms, graph=plan.graph)
             peer_rows += [peers[N, K][M] for M in plan.Ms]
         write_outputs(results, args.out, plots=False)
         g.wait_precompile(pending)
@@ -67,11 +69,15 @@ def run(args: argparse.Namespace, command: str) -> int:
         by_m = peers[N, K]
         for spec in specs:
             for r in g.time_spec(spec, N, K, plan.Ms, db=db, use_db=not args.no_db,
-                                 verify=not args.no_verify):
+                                 verify=not args.no_verify, graph=plan.graph):
                 pr = by_m[r["M"]]
                 for p in plan.peers:
                     r[f"{p}_us"] = pr.get(f"{p}_us")
                 r["peer_errors"] = dict(pr.get("errors") or {})
+                if "graph_errors" in pr:          # the peers' graph mode at this M
+                    for p in plan.peers:
+                        r[f"{p}_graph_us"] = pr.get(f"{p}_graph_us")
+                    r["peer_graph_errors"] = dict(pr["graph_errors"])
                 r = finish_row(r, spec, results["measured"])
                 if r["M"] <= READ_ONLY_MAX_M and r.get("bound") == "memory":
                     add_read_only(r, g.read_time(r["bytes"]))
@@ -86,6 +92,10 @@ def run(args: argparse.Namespace, command: str) -> int:
     paths = write_outputs(results, args.out, plots=not args.no_plots)
     g.log(f"done: {len(rows)} rows in {results['wall_s']:.0f} s")
     print(results_table(rows))
+    graphs = graph_table(rows)
+    if graphs:
+        print()
+        print(graphs)
     if any((r["N"], r["K"]) == TARGET_SHAPE for r in rows):
         print()
         print(targets_section(results["targets"]))
@@ -93,7 +103,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     for p in paths:
         print(p)
     failed = [r for r in rows if r.get("opgen_us") is None or r.get("verified") is False
-              or r.get("linear_verified") is False]
+              or r.get("linear_verified") is False or r.get("graph_verified") is False]
     if failed:
         print(f"opgen bench: {len(failed)} row(s) failed or computed wrong results "
               "(see bench.md, Problems)", file=sys.stderr)

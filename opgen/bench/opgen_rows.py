@@ -2,8 +2,9 @@
 `opgen.load(spec, N, K)` picks (its tuning-DB winner or the heuristic's
 pick; which one is recorded), checked and timed on the runtime workbench's
 tiled problem, and for int8/fp8 activations opgen's fused linear from fp16
-activations (quantize + GEMM).  `session` is a runtime.workbench.Session
-(tests put a numpy one in its place)."""
+activations (quantize + GEMM); with graph, for M <= graph.MAX_M also the op
+in graph mode (graph.py).  `session` is a runtime.workbench.Session (tests
+put a numpy one in its place)."""
 from __future__ import annotations
 
 import math
@@ -14,6 +15,7 @@ from typing import Callable, List, Optional, Sequence
 from ..codegen.buckets import bucket_of
 from ..codegen.tolerance import BENCH_FACTOR, tolerance
 from ..runtime import op as ops
+from . import graph as graph_mode
 from .failures import short_error
 from .roofline import _r
 
@@ -42,12 +44,14 @@ def _check(problem, kernel, tol: float) -> dict:
 
 
 def time_spec(session, spec, N: int, K: int, Ms: Sequence[int], *, db, use_db: bool,
-              verify: bool, budget_ms: float, seed: int, mem_cap: int,
+              verify: bool, graph: bool, budget_ms: float, seed: int, mem_cap: int,
               log: Callable[[str], None]) -> List[dict]:
     """Rows for (spec, N, K, each M): opgen's matmul on quantized activations
-    (opgen_us) and, for int8/fp8 activations, opgen's fused linear from fp16
-    activations (opgen_linear_us).  A row is checked (verified, rel_err)
-    within BENCH_FACTOR x the tolerance before it is timed."""
+    (opgen_us), with graph and M <= graph.MAX_M the same in graph mode
+    (opgen_graph_us per layer, graph_layers, ...: graph.time_opgen) and, for
+    int8/fp8 activations, opgen's fused linear from fp16 activations
+    (opgen_linear_us).  A row is checked (verified, rel_err) within
+    BENCH_FACTOR x the tolerance before it is timed."""
     rows = {M: {"spec": spec.name, "N": N, "K": K, "M": M, "opgen_us": None} for M in Ms}
     tol = BENCH_FACTOR * tolerance(spec)
     try:
@@ -90,6 +94,8 @@ def time_spec(session, spec, N: int, K: int, Ms: Sequence[int], *, db, use_db: b
                 r["copies"] = len(problem.acts)
                 log(f"{spec.name} {N}x{K} M={M}: {t.median_us:.2f} us ({r['config']}, "
                     f"{r['source']})" + ("" if r.get("verified") is not False else "  OUTPUT WRONG"))
+                if graph and M <= graph_mode.MAX_M:
+                    _time_graph(problem, kernel, r, verify, tol, budget_ms, log)
             except Exception as e:
                 r["error"] = short_error(e)
                 log(f"{spec.name} {N}x{K} M={M}: failed: {r['error']}")
@@ -120,6 +126,19 @@ def _time_prepare(session, op, seed: int, mem_cap: int, repeats: int = 5) -> Opt
     finally:
         stored.close()
     return round(statistics.median(times), 3)
+
+
+def _time_graph(problem, kernel, r: dict, verify: bool, tol: float, budget_ms: float,
+                log) -> None:
+    spec, N, K, M = problem.spec, problem.N, problem.K, problem.M
+    r.update(graph_mode.time_opgen(problem, kernel, budget_ms=budget_ms,
+                                   tol=tol if verify else None))
+    where = f"{spec.name} {N}x{K} M={M}: graph"
+    if r.get("graph_error"):
+        log(f"{where} failed: {r['graph_error']}")
+    else:
+        log(f"{where} of {r['graph_layers']} layers: {r['opgen_graph_us']:.2f} us per layer"
+            + ("" if r.get("graph_verified") is not False else "  OUTPUT WRONG"))
 
 
 def _time_linear(problem, lin, r: dict, M: int, verify: bool, tol: float, budget_ms: float,

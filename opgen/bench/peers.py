@@ -2,11 +2,14 @@
 (`torch.mm`), tinygemm int4 (`torch._weight_int4pack_mm`), cuBLASLt int8
 (`torch._int_mm`), fp8 (`torch._scaled_mm`) and the unfused BMINF-style W8A8
 pipeline (per-row quantize in torch ops, `torch._int_mm`, scale).  Each is
-timed once per (N, K, M) and shared by every spec.  `gpu` is runner.Gpu."""
+timed once per (N, K, M) and shared by every spec, isolated and, with graph,
+in graph mode (graph.py: L layers in one CUDA graph, here captured by torch).
+`gpu` is runner.Gpu."""
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
+from . import graph as graph_mode
 from .failures import short_error
 from .roofline import _r
 
@@ -100,9 +103,58 @@ def _rotating_time(gpu, make_w, make_act, call, Ms, on_result) -> None:
     gpu.free()
 
 
-def time_peers(gpu, peers: Sequence[str], N: int, K: int, Ms: Sequence[int]) -> Dict[int, dict]:
-    """{M: the peers' row at N x K}: PEER_us (None on failure) and errors."""
+def _graph_time(gpu, make_w, make_act, call, Ms, N: int,
+                on_result: Callable[[int, Optional[float], Optional[str], int], None]) -> None:
+    """call in graph mode for each M (graph.py): L layers, each with its own
+    weights, activation and output, warmed up and captured by gpu.capture
+    (torch.cuda.CUDAGraph), the graph replayed under gpu.measure;
+    on_result(M, µs per layer or None, error or None, L)."""
+    if not Ms:
+        return
+    try:
+        w0 = make_w()
+    except Exception as e:
+        for M in Ms:
+            on_result(M, None, "weights: " + short_error(e), 0)
+        return
+    w_bytes = _nbytes(w0)
+    w_sets = [w0]
+    for M in Ms:
+        L, stage = 0, "layers"
+        try:
+            act0 = make_act(M)
+            layer_bytes = w_bytes + _nbytes(act0) + 4 * M * N     # (+ an output the call makes)
+            L = graph_mode.checked_layer_count(w_bytes, layer_bytes, gpu.l2, gpu.mem_budget())
+            while len(w_sets) < L:
+                w_sets.append(tuple(t.clone() for t in w0))
+            acts = [act0] + [tuple(t.clone() for t in act0) for _ in range(L - 1)]
+
+            def enqueue(acts=acts, L=L):
+                for i in range(L):
+                    call(acts[i], w_sets[i])
+            stage = "capture"
+            replay = gpu.capture(enqueue)
+            stage = "timing"
+            t = gpu.measure(lambda i: replay())
+            on_result(M, t.median_us / L, None, L)
+        except Exception as e:
+            on_result(M, None, f"{stage}: " + short_error(e), L)
+        finally:
+            replay = enqueue = acts = act0 = None
+            gpu.free()
+    w_sets = w0 = None
+    gpu.free()
+
+
+def time_peers(gpu, peers: Sequence[str], N: int, K: int, Ms: Sequence[int], *,
+               graph: bool) -> Dict[int, dict]:
+    """{M: the peers' row at N x K}: PEER_us (None on failure) and errors;
+    with graph, for M <= graph.MAX_M also PEER_graph_us (µs per layer, None
+    on failure), graph_layers {peer: L} and graph_errors {peer: error}."""
     out = {M: {"N": N, "K": K, "M": M, "errors": {}} for M in Ms}
+    graph_Ms = [M for M in Ms if M <= graph_mode.MAX_M] if graph else []
+    for M in graph_Ms:
+        out[M].update(graph_layers={}, graph_errors={})
     defs = peer_defs(gpu, N, K)
     for name in peers:
         make_w, make_act, call = defs[name]
@@ -112,5 +164,15 @@ def time_peers(gpu, peers: Sequence[str], N: int, K: int, Ms: Sequence[int]) -> 
             if err:
                 out[M]["errors"][name] = err
             gpu.log(f"{N}x{K} M={M} {name}: " + (f"{us:.2f} us" if us is not None else err))
+
+        def graph_done(M, us, err, L, name=name):
+            r = out[M]
+            r[f"{name}_graph_us"] = _r(us)
+            r["graph_layers"][name] = L
+            if err:
+                r["graph_errors"][name] = err
+            gpu.log(f"{N}x{K} M={M} {name}, graph" + (f" of {L} layers: " if L else ": ")
+                    + (f"{us:.2f} us per layer" if us is not None else err))
         _rotating_time(gpu, make_w, make_act, call, Ms, done)
+        _graph_time(gpu, make_w, make_act, call, graph_Ms, N, graph_done)
     return out

@@ -40,12 +40,14 @@ class Plan:
     shapes: Tuple[Tuple[int, int], ...]
     Ms: Tuple[int, ...]
     peers: Tuple[str, ...]
+    graph: bool = True              # graph mode too (graph.py; --no-graph: isolated only)
 
 
 def resolve_plan(args, shipped_matmul: Optional[Sequence[str]] = None) -> Plan:
     """The specs, shapes, Ms and peers to run (args: the command line's
-    specs, shapes, Ms, peers and quick): --quick's set, else the full
-    defaults; an explicit --specs/--shapes/--Ms/--peers wins over both.
+    specs, shapes, Ms, peers, quick and no_graph): --quick's set, else the
+    full defaults; an explicit --specs/--shapes/--Ms/--peers wins over both.
+    Graph mode is on unless --no-graph.
     shipped_matmul: the default spec list (asked of the shipped specs if None)."""
     if args.specs:
         specs = tuple(args.specs)
@@ -58,7 +60,10 @@ def resolve_plan(args, shipped_matmul: Optional[Sequence[str]] = None) -> Plan:
     peers = tuple(args.peers) if args.peers else PEERS
     if BASELINE not in peers:
         peers = (BASELINE,) + peers
-    return Plan(specs, shapes, Ms, peers)
+    # (getattr: a caller's namespace without the option, e.g. before the
+    # command line had it, runs graph mode as the default does)
+    graph = not args.no_graph
+    return Plan(specs, shapes, Ms, peers, graph)
 
 
 def shipped_matmul_specs() -> List[str]:

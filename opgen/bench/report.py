@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from opgen.bench.graph import L2_FACTOR, MAX_M, MIN_LAYERS
 from opgen.bench.plan import BASELINE, PEER_LABELS, PEERS
 from opgen.bench.targets import TARGET_SHAPE
 
@@ -75,6 +76,65 @@ def peers_table(peer_rows: Sequence[dict], peers: Sequence[str] = PEERS) -> str:
     return _table(headers, body, "lr" + "r" * len(peers))
 
 
+def _us_or_err(us, err) -> str:
+    return _fmt_us(us) if us is not None else ("err" if err else "—")
+
+
+def graph_table(rows: Sequence[dict]) -> str:
+    """opgen in graph mode (µs per layer) beside its isolated time, the
+    byte floor and the peers' graph figures; "" when no row has graph mode."""
+    rows = [r for r in rows if "opgen_graph_us" in r or "graph_error" in r]
+    if not rows:
+        return ""
+    body = []
+    for r in rows:
+        peer = r.get("relevant_peer")
+        peer = peer if peer and peer != BASELINE else None
+        gerr = r.get("peer_graph_errors") or {}
+        check = {True: "ok", False: "WRONG", None: "—"}[r.get("graph_verified")]
+        body.append([r["spec"], f"{r['N']}x{r['K']}", r["M"], r.get("graph_layers") or "—",
+                     _us_or_err(r.get("opgen_graph_us"), r.get("graph_error")),
+                     _fmt_us(r.get("opgen_us")), _fmt_x(r.get("graph_x_isolated")),
+                     _fmt_us(r.get("bytes_floor_us")), _fmt_x(r.get("graph_x_bytes_floor")),
+                     _us_or_err(r.get(f"{BASELINE}_graph_us"), gerr.get(BASELINE)),
+                     PEER_LABELS.get(peer, "—") if peer else "—",
+                     _us_or_err(r.get(f"{peer}_graph_us"), gerr.get(peer)) if peer else "—",
+                     check])
+    return _table(["spec", "N x K", "M", "layers", "graph µs/layer", "isolated µs",
+                   "graph / isolated", "byte floor µs", "x byte floor", "cuBLAS fp16 graph µs",
+                   "peer", "peer graph µs", "check"], body, "llrrrrrrrrlrl")
+
+
+def peers_graph_table(peer_rows: Sequence[dict], peers: Sequence[str] = PEERS) -> str:
+    """Each peer's graph-mode µs per layer beside its isolated µs; "" when
+    no peer row has graph mode."""
+    peer_rows = [r for r in peer_rows if "graph_errors" in r]
+    if not peer_rows:
+        return ""
+    body = []
+    for r in peer_rows:
+        cells = []
+        for p in peers:
+            g = _us_or_err(r.get(f"{p}_graph_us"), (r.get("graph_errors") or {}).get(p))
+            i = _us_or_err(r.get(f"{p}_us"), (r.get("errors") or {}).get(p))
+            cells.append(f"{g} / {i}")
+        Ls = [L for L in (r.get("graph_layers") or {}).values() if L]
+        layers = "—" if not Ls else str(min(Ls)) if min(Ls) == max(Ls) else f"{min(Ls)}-{max(Ls)}"
+        body.append([f"{r['N']}x{r['K']}", r["M"], layers, *cells])
+    headers = ["N x K", "M", "layers"] + [PEER_LABELS[p] + " µs graph / isolated" for p in peers]
+    return _table(headers, body, "lrr" + "r" * len(peers))
+
+
+def _first_errors(rows: Sequence[dict], key: str) -> List[str]:
+    """"- PEER: error", the first error of each peer under rows' `key`."""
+    seen, out = set(), []
+    for p, e in sorted({(p, e) for r in rows for p, e in (r.get(key) or {}).items()}):
+        if p not in seen:
+            seen.add(p)
+            out.append(f"- {PEER_LABELS.get(p, p)}: {e}")
+    return out
+
+
 def linear_table(rows: Sequence[dict]) -> str:
     """opgen's fused linear (quantize + GEMM from fp16 activations) against the
     unfused BMINF W8A8 pipeline; "" when no row has one."""
@@ -106,26 +166,53 @@ def prepare_table(rows: Sequence[dict]) -> str:
 
 
 def targets_section(targets: Sequence[dict]) -> str:
+    """The isolated targets' table, then the graph-mode targets' (if any)."""
+    iso = [t for t in targets if t.get("mode", "isolated") == "isolated"]
+    graph = [t for t in targets if t.get("mode") == "graph"]
+    return _isolated_targets(iso) + (("\n\n" + _graph_targets(graph)) if graph else "")
+
+
+def _counts(targets: Sequence[dict]) -> str:
     n_met = sum(t["status"] == "met" for t in targets)
     n_missed = sum(t["status"] == "missed" for t in targets)
-    body = []
-    for t in targets:
-        if t["ratio"] is None:
-            measured = "—"
-        elif t["metric"] == "bytes_floor":
-            measured = f"{t['ratio']:.2f}x floor"
-        else:
-            measured = f"{t['ratio']:.2f}x"
-        status = t["status"] + (f" ({t['why']})" if t.get("why") and t["status"] != "met" else "")
-        body.append([t["target"], t["spec"], "—" if t["M"] is None else t["M"], measured,
-                     f"{t['op']} {t['need']:g}x", _fmt_us(t.get("opgen_us")), _fmt_us(t.get("needed_us")),
-                     _fmt_us(t.get("read_us")), status])
+    return (f"{n_met} met, {n_missed} missed, {len(targets) - n_met - n_missed} not measured / "
+            "n/a.")
+
+
+def _measured(t: dict) -> str:
+    if t["ratio"] is None:
+        return "—"
+    return f"{t['ratio']:.2f}x floor" if t["metric"] == "bytes_floor" else f"{t['ratio']:.2f}x"
+
+
+def _status(t: dict) -> str:
+    return t["status"] + (f" ({t['why']})" if t.get("why") and t["status"] != "met" else "")
+
+
+def _graph_targets(targets: Sequence[dict]) -> str:
+    shapes = ", ".join(dict.fromkeys(f"{t['N']}x{t['K']}" for t in targets))
+    head = f"## Graph-mode targets ({shapes}; µs per layer)\n\n"
+    if all(t["status"] == "not measured" for t in targets):
+        return head + f"Not evaluated: this run has no row at {shapes} for the target specs."
+    body = [[t["target"], t["spec"], f"{t['N']}x{t['K']}", "—" if t["M"] is None else t["M"],
+             t.get("graph_layers") or "—", _measured(t), f"{t['op']} {t['need']:g}x",
+             _fmt_us(t.get("opgen_graph_us")), _fmt_us(t.get("opgen_us")),
+             _fmt_us(t.get("bytes_floor_us")), _fmt_us(t.get("needed_us")), _status(t)]
+            for t in targets]
+    return head + _counts(targets) + "\n\n" + _table(
+        ["target", "spec", "N x K", "M", "layers", "measured", "need", "graph µs/layer",
+         "isolated µs", "byte floor µs", "needed µs", "status"], body, "lllrrrrrrrrl")
+
+
+def _isolated_targets(targets: Sequence[dict]) -> str:
+    body = [[t["target"], t["spec"], "—" if t["M"] is None else t["M"], _measured(t),
+             f"{t['op']} {t['need']:g}x", _fmt_us(t.get("opgen_us")), _fmt_us(t.get("needed_us")),
+             _fmt_us(t.get("read_us")), _status(t)] for t in targets]
     N, K = (targets[0]["N"], targets[0]["K"]) if targets else TARGET_SHAPE
     if all(t["status"] == "not measured" for t in targets):
         return (f"## Targets (N = {N}, K = {K})\n\nNot evaluated: this run has no row at "
                 f"N = {N}, K = {K} for the target specs.")
-    head = (f"## Targets (N = {N}, K = {K})\n\n{n_met} met, {n_missed} missed, "
-            f"{len(targets) - n_met - n_missed} not measured / n/a.\n\n")
+    head = f"## Targets (N = {N}, K = {K})\n\n{_counts(targets)}\n\n"
     note = ("\n\nneeded µs: the slowest opgen time that meets the target; read-only µs: a "
             "plain streaming read of the row's bytes, timed the same way (memory-bound rows, "
             "M <= 16). Where needed < read-only, the target asks for less time than reading "
@@ -167,6 +254,27 @@ def markdown(results: dict) -> str:
                   "ops, `torch._int_mm`, scaling); the GEMM column is opgen on pre-quantized "
                   "activations. `torch._int_mm` needs M > 16, so below that it (and BMINF) run "
                   "on 17 rows, the padding a caller must add.", "", lin]
+    peers = results.get("peers") or PEERS
+    graphs = graph_table(results.get("rows", []))
+    peer_graphs = peers_graph_table(results.get("peer_rows", []), peers)
+    if graphs or peer_graphs:
+        lines += ["", "## Graph mode (L layers back to back, one CUDA graph)", "",
+                  "As a decode step runs them: L distinct layers of the row's shape, each with "
+                  f"its own weights (L >= {MIN_LAYERS} and their weights together over "
+                  f"{L2_FACTOR}x the L2, fewer only where the memory cap allows no more), each "
+                  "reading its own activation, captured once into one CUDA graph and replayed "
+                  "under CUDA events; µs per layer = median replay / L. Isolated: the Results "
+                  f"figure. Rows with M <= {MAX_M}. check: the graph's outputs after one replay "
+                  "against an eager run of the same layers."]
+        if graphs:
+            lines += ["", graphs]
+        if peer_graphs:
+            lines += ["", "Peers in graph mode (captured by torch.cuda.CUDAGraph; the layer "
+                      "count follows each peer's weight size):", "", peer_graphs]
+            errs = _first_errors(results.get("peer_rows", []), "graph_errors")
+            if errs:
+                lines += ["", "Peers that could not be timed in a graph (first error of each):",
+                          ""] + errs
     prep = prepare_table(results.get("rows", []))
     if prep:
         lines += ["", "## Execution layouts", "",
@@ -175,17 +283,10 @@ def markdown(results: dict) -> str:
                   "moved there once, at load, by `op.prepare` (`codegen/transcode.py`, bit-exact). "
                   "Its time on the GPU, whole layer, median of 5:", "", prep]
     if results.get("peer_rows"):
-        lines += ["", "## Peers", "", peers_table(results["peer_rows"],
-                                                  results.get("peers") or PEERS)]
-        errs = sorted({(p, e) for r in results["peer_rows"]
-                       for p, e in (r.get("errors") or {}).items()})
+        lines += ["", "## Peers", "", peers_table(results["peer_rows"], peers)]
+        errs = _first_errors(results["peer_rows"], "errors")
         if errs:
-            lines += ["", "Peer errors (first of each):", ""]
-            seen = set()
-            for p, e in errs:
-                if p not in seen:
-                    seen.add(p)
-                    lines.append(f"- {PEER_LABELS.get(p, p)}: {e}")
+            lines += ["", "Peer errors (first of each):", ""] + errs
     problems = []
     for r in results.get("rows", []):
         where = f"- {r['spec']} {r['N']}x{r['K']} M={r['M']}"
@@ -197,6 +298,11 @@ def markdown(results: dict) -> str:
             problems.append(f"{where}, fused linear: {r['opgen_linear_error']}")
         elif r.get("linear_verified") is False:
             problems.append(f"{where}, fused linear: output check failed")
+        if r.get("graph_error"):
+            problems.append(f"{where}, graph mode: {r['graph_error']}")
+        elif r.get("graph_verified") is False:
+            problems.append(f"{where}, graph mode: output check failed "
+                            f"({r.get('graph_verify_msg', '')})")
     if problems:
         lines += ["", "## Problems", ""] + problems
     if results.get("targets") is not None:

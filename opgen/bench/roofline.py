@@ -119,6 +119,12 @@ def finish_row(row: dict, spec, measured: dict) -> dict:
     peer = relevant_peer(spec)
     row["relevant_peer"] = peer
     row["speedup_vs_peer"] = _r(_ratio(row.get(f"{peer}_us"), us)) if peer else None
+    if "opgen_graph_us" in row:
+        # graph mode, per layer: against the byte floor (the graph targets)
+        # and against the isolated launch
+        g = row["opgen_graph_us"]
+        row["graph_x_bytes_floor"] = _r(_ratio(g, row.get("bytes_floor_us")))
+        row["graph_x_isolated"] = _r(_ratio(g, us))
     if "opgen_linear_us" in row or "opgen_linear_error" in row:
         # the fused linear from fp16 activations against the unfused BMINF pipeline (int8)
         row["linear_speedup_vs_bminf"] = (_r(_ratio(row.get("bminf_w8a8_us"), row.get("opgen_linear_us")))

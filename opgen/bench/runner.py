@@ -74,9 +74,32 @@ class Gpu:
         with torch.cuda.stream(self.tstream):
             return self.timer.measure(launch, budget_us=self.budget_ms * 1e3)
 
-    def n_copies(self, per_copy: int) -> int:
+    def mem_budget(self) -> int:
+        """The most memory one problem's copies (or graph layers) may take."""
         free, _ = self.cp.cuda.runtime.memGetInfo()
-        return n_copies(per_copy, self.l2, min(self.mem_cap, free // 4))
+        return min(self.mem_cap, free // 4)
+
+    def n_copies(self, per_copy: int) -> int:
+        return n_copies(per_copy, self.l2, self.mem_budget())
+
+    def capture(self, enqueue):
+        """enqueue() (torch work) run once on a side stream, as torch advises
+        before capturing (cuBLAS handles and workspaces, the allocator), then
+        captured into a torch.cuda.CUDAGraph; returns its replay (on the
+        current stream: gpu.measure's).  thread_local: the precompile's
+        threads may touch CUDA meanwhile."""
+        torch = self.torch
+        side = torch.cuda.Stream(device=self.dev)
+        side.wait_stream(torch.cuda.current_stream(self.dev))
+        with torch.cuda.stream(side):
+            enqueue()
+        torch.cuda.current_stream(self.dev).wait_stream(side)
+        torch.cuda.synchronize(self.dev)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+            enqueue()
+        torch.cuda.synchronize(self.dev)
+        return g.replay
 
     def free(self) -> None:
         self.torch.cuda.synchronize(self.dev)
@@ -97,13 +120,14 @@ class Gpu:
     def measure_machine(self) -> dict:
         return machine.measure_machine(self)
 
-    def time_peers(self, names: Sequence[str], N: int, K: int, Ms: Sequence[int]) -> Dict[int, dict]:
-        return peers.time_peers(self, names, N, K, Ms)
+    def time_peers(self, names: Sequence[str], N: int, K: int, Ms: Sequence[int], *,
+                   graph: bool) -> Dict[int, dict]:
+        return peers.time_peers(self, names, N, K, Ms, graph=graph)
 
     def time_spec(self, spec, N: int, K: int, Ms: Sequence[int], db, use_db: bool,
-                  verify: bool) -> List[dict]:
+                  verify: bool, *, graph: bool) -> List[dict]:
         rows = opgen_rows.time_spec(self.session, spec, N, K, Ms, db=db, use_db=use_db,
-                                    verify=verify, budget_ms=self.budget_ms, seed=self.seed,
-                                    mem_cap=self.mem_cap, log=self.log)
+                                    verify=verify, graph=graph, budget_ms=self.budget_ms,
+                                    seed=self.seed, mem_cap=self.mem_cap, log=self.log)
         self.free()
         return rows

@@ -52,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-verify", action="store_true",
                    help="skip checking opgen's output rows against the numpy reference")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    p.add_argument("--no-graph", action="store_true",
+                   help="skip graph mode (L layers back to back in one CUDA graph, rows with M <= 16)")
     p.add_argument("--workers", type=int, default=None,
                    help="compile processes (default: all cores but one)")
     p.add_argument("--mem-cap-gb", type=float, default=DEFAULT_MEM_CAP_GB,

@@ -56,9 +56,17 @@ class _FakeTimer:
         return Timing(7.5, [7.5, 7.5, 7.5])
 
 
+def fake_capture(enqueue):
+    """runner.Gpu.capture on torch's CPU: the warm-up call, then a "replay"
+    that runs the captured calls again."""
+    enqueue()
+    return enqueue
+
+
 def fake_gpu(monkeypatch, torch):
     """A runner.Gpu on torch's CPU: its timer launches three times and reads
-    7.5 µs; no cupy but the memory queries."""
+    7.5 µs, its graphs replay the captured calls; no cupy but the memory
+    queries."""
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     pool = types.SimpleNamespace(free_all_blocks=lambda: None)
@@ -69,5 +77,6 @@ def fake_gpu(monkeypatch, torch):
     g.torch, g.cp = torch, cp
     g.dev = torch.device("cpu")
     g.timer, g.tstream = _FakeTimer(), None
+    g.capture = fake_capture
     g.l2, g.budget_ms, g.mem_cap, g.seed, g.t0 = 1 << 20, 1.0, 1 << 28, 0, time.time()
     return g

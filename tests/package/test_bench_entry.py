@@ -1,5 +1,6 @@
 """`opgen bench`'s run (opgen/bench/entry.py) with a fake GPU: the plan, the
-rows finished with their floors and peers, the targets, the files in --out."""
+rows finished with their floors and peers (isolated and in graph mode), the
+targets, the files in --out."""
 import argparse
 import json
 import sys
@@ -36,14 +37,25 @@ class _FakeGpuRun:
     def measure_machine(self):
         return dict(MEAS)
 
-    def time_peers(self, peers, N, K, Ms):
-        return {M: {"N": N, "K": K, "M": M, "errors": {"int_mm": "too small"} if M <= 16 else {},
-                    **{f"{p}_us": (None if (p == "int_mm" and M <= 16) else 50.0) for p in peers}}
-                for M in Ms}
+    def time_peers(self, peers, N, K, Ms, *, graph):
+        out = {M: {"N": N, "K": K, "M": M, "errors": {"int_mm": "too small"} if M <= 16 else {},
+                   **{f"{p}_us": (None if (p == "int_mm" and M <= 16) else 50.0) for p in peers}}
+               for M in Ms}
+        for M in Ms:
+            if graph and M <= 16:
+                out[M].update({f"{p}_graph_us": None if p == "int_mm" else 40.0 for p in peers},
+                              graph_layers={p: 16 for p in peers},
+                              graph_errors={"int_mm": "capture: too small"})
+        return out
 
-    def time_spec(self, spec, N, K, Ms, db, use_db, verify):
-        return [{"spec": spec.name, "N": N, "K": K, "M": M, "opgen_us": 10.0, "config": "c",
+    def time_spec(self, spec, N, K, Ms, db, use_db, verify, *, graph):
+        rows = [{"spec": spec.name, "N": N, "K": K, "M": M, "opgen_us": 10.0, "config": "c",
                  "source": "heuristic", "verified": True} for M in Ms]
+        for r in rows:
+            if graph and r["M"] <= 16:
+                r.update(opgen_graph_us=8.0, graph_layers=16, graph_bytes=16 << 27,
+                         graph_verified=True)
+        return rows
 
     def read_time(self, nbytes):
         return 8.0
@@ -73,3 +85,42 @@ def test_run_with_fake_gpu(monkeypatch, tmp_path, capsys):
     assert all(t.get("read_us") == 8.0 for t in res["targets"] if t["M"] == 1)
     printed = capsys.readouterr().out
     assert "| spec | N x K |" in printed and "## Targets" in printed
+
+
+def test_run_reports_graph_mode(monkeypatch, tmp_path, capsys):
+    """Graph mode is on by default: opgen's and the peers' per-layer figures
+    beside the isolated ones in bench.json and bench.md, the graph targets
+    evaluated on them; no_graph leaves them out."""
+    monkeypatch.setattr(runner, "Gpu", _FakeGpuRun)
+    monkeypatch.setattr(sys, "argv", ["opgen", "bench"])
+    args = parse(["--specs", "w4a16_sym_g128", "--shapes", "8192x8192,28672x8192", "--Ms", "1,64",
+                  "--no-db", "--no-plots", "--out", str(tmp_path)])
+    assert cli_bench.cmd_bench(args) == 0
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert res["plan"]["graph"] is True and "CUDA graph" in res["timing"]["graph"]
+    r1, r64 = res["rows"][:2]
+    assert r1["opgen_graph_us"] == 8.0 and r1["graph_layers"] == 16 and r1["opgen_us"] == 10.0
+    assert r1["cublas_fp16_graph_us"] == 40.0 and r1["int_mm_graph_us"] is None
+    assert r1["peer_graph_errors"] == {"int_mm": "capture: too small"}
+    assert r1["graph_x_isolated"] == 0.8 and r1["graph_x_bytes_floor"] is not None
+    assert not any("graph" in k for k in r64)
+    assert res["peer_rows"][0]["graph_layers"]["cublas_fp16"] == 16
+    graph_targets = [t for t in res["targets"] if t["mode"] == "graph"
+                     and t["spec"] == "w4a16_sym_g128"]
+    assert [(t["N"], t["M"]) for t in graph_targets] == [(8192, 1), (28672, 1)]
+    assert all(t["opgen_graph_us"] == 8.0 and t["status"] == "met" for t in graph_targets)
+    md = (tmp_path / "bench.md").read_text()
+    assert "## Graph mode (L layers back to back, one CUDA graph)" in md
+    assert "## Graph-mode targets (8192x8192, 28672x8192; µs per layer)" in md
+    assert "- torch._int_mm: capture: too small" in md
+    printed = capsys.readouterr().out
+    assert "| graph µs/layer |" in printed
+
+    args = parse(["--specs", "w4a16_sym_g128", "--shapes", "8192x8192,28672x8192", "--Ms", "1,64",
+                  "--no-db", "--no-plots", "--no-graph", "--out", str(tmp_path)])
+    assert args.no_graph
+    assert cli_bench.cmd_bench(args) == 0
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert res["plan"]["graph"] is False and res["timing"]["graph"] is None
+    assert not any("graph" in k for r in res["rows"] for k in r)
+    assert "## Graph mode" not in (tmp_path / "bench.md").read_text()

@@ -1,6 +1,7 @@
 """opgen's rows of `opgen bench` (opgen/bench/opgen_rows.py) on the numpy
 workbench (tests/numpy_device.py): the op and the fused linear checked and
-timed on the tiled problem, failures recorded in the rows."""
+timed on the tiled problem, graph mode for the small Ms, failures recorded
+in the rows."""
 import types
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 
 from bench_fakes import MEAS, spec
 from numpy_device import FAKE_US, NumpySession
-from opgen.bench import opgen_rows
+from opgen.bench import graph, opgen_rows
 from opgen.bench.report import markdown
 from opgen.bench.roofline import finish_row
 from opgen.codegen import numerics as nx
@@ -60,9 +61,9 @@ class FakeLinear:
         return self.op(codes, qweight, scales, zeros, bias=bias, a_scale=sc, out=out)
 
 
-def time_spec(s, N, K, Ms, logs=None):
+def time_spec(s, N, K, Ms, logs=None, graph=False):
     return opgen_rows.time_spec(NumpySession(), s, N, K, Ms, db=None, use_db=False, verify=True,
-                                budget_ms=1.0, seed=0, mem_cap=1 << 28,
+                                graph=graph, budget_ms=1.0, seed=0, mem_cap=1 << 28,
                                 log=(logs if logs is not None else []).append)
 
 
@@ -126,3 +127,32 @@ def test_time_spec_setup_failure(monkeypatch):
     rows = time_spec(spec("fp16"), 256, 256, [1, 16], logs)
     assert all(r["opgen_us"] is None and "no kernel today" in r["error"] for r in rows)
     assert "setup failed" in logs[-1]
+
+
+def test_time_spec_in_graph_mode(monkeypatch):
+    """graph=True: rows up to graph.MAX_M also carry the op's graph-mode
+    figure (per layer), checked against the eager run; larger Ms do not."""
+    ops = []
+
+    def load(sp, N, K, **kw):
+        ops.append(FakeOp(sp, N, K))
+        return ops[-1]
+    monkeypatch.setattr(op_mod, "load", load)
+    logs = []
+    Ms = [1, 6, 1024]
+    rows = time_spec(spec("gptq_v2_w4a16_g128"), 512, 1024, Ms, logs, graph=True)
+    for r in rows[:2]:
+        assert r.get("error") is None and r.get("graph_error") is None, r
+        L = r["graph_layers"]
+        assert L >= graph.MIN_LAYERS and r["graph_bytes"] > graph.L2_FACTOR * NumpySession.l2
+        assert r["opgen_graph_us"] == round(FAKE_US / L, 4) and r["graph_verified"] is True
+        assert r["layout"] == "gptq_v2_w4a16_g128_exec"     # timed on the kernels' layout too
+        assert any(f"M={r['M']}: graph of {L} layers" in line for line in logs)
+    assert not any(k.startswith("graph") or k == "opgen_graph_us" for k in rows[2])
+    L = rows[0]["graph_layers"]
+    # per small M: one check + 3 timed launches, then L layers run eagerly, once
+    # replayed for the check and 3 times by the timer; M = 1024 isolated only
+    assert ops[-1].calls == 3 * (1 + 3) + 2 * L * (1 + 1 + 3)
+    r = finish_row(dict(rows[0]), spec("gptq_v2_w4a16_g128"), MEAS)
+    assert r["graph_x_bytes_floor"] == round(r["opgen_graph_us"] / r["bytes_floor_us"], 4)
+    assert r["graph_x_isolated"] == round(r["opgen_graph_us"] / FAKE_US, 4)

@@ -1,7 +1,9 @@
 """The GPU side of `opgen bench` (opgen/bench/runner.py). On the CPU: what a
 Gpu refuses without torch or CUDA, how many input copies it rotates within
-the memory it may use, its log line and its environment record (which never
-fails a run); on the GPU (gpu mark): a real Gpu on the current device."""
+the memory it may use, its torch graph capture (behind a fake torch), its log
+line and its environment record (which never fails a run); on the GPU (gpu
+mark): a real Gpu on the current device."""
+import contextlib
 import re
 import sys
 import types
@@ -48,6 +50,38 @@ def test_n_copies_stay_within_a_quarter_of_free_memory_and_the_cap():
     assert _bare_gpu(free=1 << 40, mem_cap=32 * MiB, l2=64 * MiB).n_copies(MiB) == 32
     g = _bare_gpu(free=1 << 34, mem_cap=1 << 32, l2=50 * MiB)
     assert g.n_copies(3 * MiB) == timing.n_copies(3 * MiB, 50 * MiB, 1 << 32)
+
+
+def test_gpu_capture_warms_up_then_captures():
+    """runner.Gpu.capture: one eager run on a side stream, then the capture
+    (thread-local errors), the replay returned."""
+    log = []
+
+    class Graph:
+        def replay(self):
+            log.append("replay")
+
+    class Stream:
+        def __init__(self, device=None):
+            pass
+
+        def wait_stream(self, other):
+            log.append("wait")
+
+    @contextlib.contextmanager
+    def graph_ctx(g, capture_error_mode):
+        log.append(f"capture {capture_error_mode}")
+        yield
+        log.append("captured")
+    cuda = types.SimpleNamespace(
+        Stream=Stream, current_stream=lambda dev: Stream(), CUDAGraph=Graph, graph=graph_ctx,
+        stream=lambda s: contextlib.nullcontext(), synchronize=lambda dev: log.append("sync"))
+    g = object.__new__(Gpu)
+    g.torch, g.dev = types.SimpleNamespace(cuda=cuda), "cuda:0"
+    replay = g.capture(lambda: log.append("call"))
+    assert log == ["wait", "call", "wait", "sync", "capture thread_local", "call", "captured", "sync"]
+    replay()
+    assert log[-1] == "replay"
 
 
 def test_log_line(capsys):

@@ -108,3 +108,40 @@ def test_full_check():
     err, finite = workbench.full_check(NumpySession(), spec, NumpyKernel(spec, "last_tile"), 20,
                                        256, 256, rng)
     assert not finite
+
+
+class _Stream:
+    """A CuPy stream's capture interface, recording the calls."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __enter__(self):
+        self.log.append("enter")
+
+    def __exit__(self, *exc):
+        self.log.append("exit")
+
+    def begin_capture(self):
+        self.log.append("begin")
+
+    def end_capture(self):
+        self.log.append("end")
+        return "graph"
+
+
+def test_session_capture():
+    """runtime.workbench.Session.capture: enqueue() inside a capture on the
+    session's stream; a failure still ends the capture, then propagates."""
+    log = []
+    s = object.__new__(workbench.Session)
+    s.stream = _Stream(log)
+    assert s.capture(lambda: log.append("launch")) == "graph"
+    assert log == ["enter", "begin", "launch", "end", "exit"]
+    log.clear()
+
+    def boom():
+        raise RuntimeError("launch failed")
+    with pytest.raises(RuntimeError, match="launch failed"):
+        s.capture(boom)
+    assert log == ["enter", "begin", "end", "exit"]
