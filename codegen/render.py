@@ -14,7 +14,7 @@ from .spec import WEIGHT_CODES, Spec
 TEMPLATES = {
     "gemm": "gemm.cu.j2",            # tensor-core GEMM: cp.async ring, mma.sync or wgmma
     "gemm_tma": "gemm_tma.cu.j2",    # warp-specialized GEMM: TMA ring, wgmma (Config.tma)
-    "gemm_rs": "gemm_rs.cu.j2",      # rs GEMM: 4-bit weights decoded into wgmma's register operand
+    "gemm_rs": "gemm_rs.cu.j2",      # rs GEMM: weights decoded into wgmma's register operand
     "gemv_row": "gemv_row.cu.j2",    # SIMT GEMV, weights stored [N, K]
     "gemv_tc": "gemv_tc.cu.j2",      # tensor-core GEMV, weights stored [N, K] (Config.tc)
     "gemv_col": "gemv_col.cu.j2",    # SIMT GEMV, weights stored [K, N]

@@ -1,6 +1,6 @@
-"""The rs GEMM (gemm_rs.cu.j2): 4-bit weights decoded straight into wgmma's
-register operand (its register-sourced form), the activations its
-shared-memory one, both TMA-loaded into a ring; sm_90a."""
+"""The rs GEMM (gemm_rs.cu.j2): sub-byte and 8-bit weights decoded straight
+into wgmma's register operand (its register-sourced form), the activations
+its shared-memory one, both TMA-loaded into a ring; sm_90a."""
 from __future__ import annotations
 
 from typing import Dict, Optional
@@ -101,7 +101,8 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     # interleaved kernels (their one scale per unit is what ran on the device).
     spt = 1
     if num.scale_gran == "group" and num.group % cfg.BK:
-        if rs_pairs_are_interleaved4(pairs) or num.group % 16 or cfg.BK % num.group:
+        if rs_pairs_are_interleaved4(pairs) or num.group % 16 or cfg.BK % num.group \
+                or num.zero_kind in ("int", "float"):        # (zero points: one per unit)
             raise PlanError(f"scale groups of {num.group} split a {cfg.BK}-deep k-tile")
         spt = cfg.BK // num.group
     if cfg.BK not in RS_TILES_K or cfg.WM != 64 or cfg.WN != cfg.BM or cfg.BM not in RS_TILES_M \

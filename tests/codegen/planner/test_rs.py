@@ -99,3 +99,16 @@ def test_pairs_of_other_layouts():
     # element 2j sits in the high nibble of byte j: lane q's pair at bits 8q + 4 and 8q
     assert (nf4[0][0].word, nf4[0][0].shift, nf4[0][0].step, nf4[0][0].gap) == (0, 4, 8, -4)
     assert planner.family_of(planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 64, 8192, 8192)).name == "rs"
+
+
+def test_scale_groups_shorter_than_a_tile_take_no_zero_points():
+    """Several scales a row and k-tile, but one zero point a unit: a 2-bit
+    spec with zero points in groups of 32 has no 64-deep rs GEMM."""
+    c = planner.Config("gemm", 64, 64, 64, 64, 64, 8, 1, wgmma=True, tma=True, rs=True, kgroups=2)
+    w2 = spec("w2a16_g128")
+    w2 = dataclasses.replace(w2, b=dataclasses.replace(w2.b, scale=dataclasses.replace(w2.b.scale, group=32)))
+    assert planner.geometry(w2, c, "sm_90")["spt"] == 2
+    w2z = dataclasses.replace(w2, b=dataclasses.replace(w2.b, zero=spec("w1a16_g128").b.zero,
+                                                        formula="q * s - z"))
+    with pytest.raises(planner.PlanError, match="scale groups of 32 split a 64-deep k-tile"):
+        planner.geometry(w2z, c, "sm_90")
