@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # source folder -> its import name (pyproject.toml's package-dir)
 PACKAGES = {"codegen": "opgen.codegen", "runtime": "opgen.runtime", "opgen": "opgen"}
 LAYER = {"opgen.codegen": 0, "opgen.runtime": 1}          # everything else in opgen: 2
-LAZY_OK = ("cupy", "torch", "matplotlib")
+LAZY_OK = ("cupy", "torch", "matplotlib", "ray")
 
 
 def _modules():

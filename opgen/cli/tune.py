@@ -1,5 +1,7 @@
-"""`opgen tune SPEC... | --all  --shapes NxK,... | --N --K | --model PATH  [--M 1,16,64]`:
-runtime.tuner.tune_many from the command line, and its report."""
+"""`opgen tune SPEC... | --all  --shapes NxK,... | --N --K | --model PATH  [--M 1,16,64]
+[--gpus ID,... | --ray [ADDRESS]] [--force]`: runtime.tuner.tune_many from the command
+line (in this process, on one GPU), or runtime.tune_pool.tune_pairs (a worker per local
+GPU, or Ray tasks), and its report."""
 from __future__ import annotations
 
 import argparse
@@ -9,10 +11,12 @@ from ..bench.plan import matmul_specs, shipped_matmul_specs
 from ..codegen import planner
 from ..codegen.errors import UserError
 from ..model_shapes import linear_shapes, read_config
-from ..runtime import tuner
+from ..runtime import tune_pool, tuner
+from ..runtime.device import NoGPUError
+from ..runtime.tune_ray import RayWorkers
 from ..runtime.timing import BUDGET_MS, RANK_BUDGET_MS
 from ..runtime.tuning_db import TuningDB, speedup
-from .args import parse_ints, parse_shapes, positive_float, positive_int
+from .args import parse_ints, parse_names, parse_shapes, positive_float, positive_int
 from .command import Command
 from .table import format_table
 
@@ -51,6 +55,16 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
                    help="rank-pass leaders timed again in full, with the heuristic's pick "
                         f"(default {tuner.FINALISTS})")
     p.add_argument("--seed", type=int, default=0, help="of the random problems")
+    p.add_argument("--gpus", type=parse_names, default=None, metavar="ID,...",
+                   help="local GPUs to tune on, one worker process each, a (spec, shape) pair "
+                        "at a time (default: every visible GPU; with one, in this process)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="tune on a Ray cluster, each (spec, shape) pair a task holding one GPU "
+                        "(ADDRESS: e.g. auto, ray://head:10001; default: $RAY_ADDRESS, else a "
+                        "local Ray); needs pip install 'opgen[ray]' on every node")
+    p.add_argument("--force", action="store_true",
+                   help="tune again the pairs the DB already has for the GPU (default: skip a "
+                        "pair whose every requested bucket is stored for that device)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
 
 
@@ -114,21 +128,70 @@ def tune_groups(args) -> Tuple[List[Tuple[list, list]], List[str]]:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     groups, notes = tune_groups(args)
+    if args.ray is not None and args.gpus is not None:
+        raise UserError("--gpus is for local workers; with --ray, Ray places the tasks")
     for note in notes:
         print(note, flush=True)
-    runs = []
-    for specs, shapes in groups:
-        runs.append(tuner.tune_many(specs, shapes, Ms=args.M, db=args.db, workers=args.workers,
-                                    repeats=args.repeats, progress=not args.quiet,
-                                    budget_ms=args.budget_ms, rank_budget_ms=args.rank_budget_ms,
-                                    finalists=args.finalists, seed=args.seed))
-        if runs[-1].interrupted:
-            break
-    run = merged(runs)
+    pairs = [(spec, N, K) for specs, shapes in groups for spec in specs for N, K in shapes]
+    policy = dict(workers=args.workers, repeats=args.repeats, budget_ms=args.budget_ms,
+                  rank_budget_ms=args.rank_budget_ms, finalists=args.finalists, seed=args.seed)
+    if args.ray is not None:
+        backend = RayWorkers(args.ray or None)
+    else:
+        gpus = tune_pool.visible_gpus()
+        if args.gpus is not None and not gpus:
+            raise NoGPUError("--gpus: no usable CUDA GPU here")
+        # one GPU: tune_many in this process, its compiles overlapping the timing
+        backend = tune_pool.LocalWorkers(args.gpus or gpus) if args.gpus or len(gpus) > 1 else None
+    devices = None
+    if backend is None:
+        run, skipped = tune_here(args, pairs, policy)
+    else:
+        pool = tune_pool.tune_pairs(pairs, backend, Ms=args.M, db=args.db, force=args.force,
+                                    progress=not args.quiet, **policy)
+        run, devices = pool.tune_run(), pool.devices()
+        skipped = [(o.task.name(), o.device) for o in pool.skipped()]
     print(report(run, args.db or TuningDB().path))
+    if skipped:
+        print(f"skipped {len(skipped)} pair(s) the DB already has for their device (--force "
+              "tunes them again): " + "; ".join(f"{n} ({d})" for n, d in skipped))
+    if devices is not None:
+        print(device_summary(devices))
     if run.interrupted:
         return 130                   # as a shell reports SIGINT
     return 0 if all(r.ok() for r in run.results) else 1
+
+
+def tune_here(args, pairs, policy) -> Tuple[tuner.TuneRun, List[Tuple[str, str]]]:
+    """tune_many in this process, on its GPU, for the pairs the DB does not
+    have yet for it (all with --force): specs that still take the same
+    shapes share a call (their compiles overlap the timing).  Returns the
+    run and the skipped pairs, each (name, device)."""
+    tasks = tune_pool.plan_tasks(pairs, args.M, args.db, args.force)
+    here = tune_pool.device_here() if any(t.done_on for t in tasks) else None
+    skipped = [(t.name(), here[1]) for t in tasks if here in t.done_on]
+    todo = {}
+    for t in tasks:
+        if here not in t.done_on:
+            todo.setdefault(t.spec, []).append((t.N, t.K))
+    groups = {}
+    for spec, shapes in todo.items():
+        groups.setdefault(tuple(shapes), []).append(spec)
+    runs = []
+    for shapes, specs in groups.items():
+        runs.append(tuner.tune_many(specs, list(shapes), Ms=args.M, db=args.db,
+                                    progress=not args.quiet, **policy))
+        if runs[-1].interrupted:
+            break
+    return merged(runs), skipped
+
+
+def device_summary(devices: List[tune_pool.DeviceTally]) -> str:
+    """A row per device of a run over several workers."""
+    rows = [[t.device, ", ".join(sorted(t.workers)), t.tuned, t.partial, t.failed, t.skipped,
+             t.records, t.busy_s] for t in devices]
+    return "per device:\n" + format_table(["device", "workers", "tuned", "partly", "failed",
+                                           "skipped", "records", "busy s"], rows)
 
 
 def merged(runs: List[tuner.TuneRun]) -> tuner.TuneRun:

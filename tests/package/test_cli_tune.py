@@ -1,16 +1,25 @@
 """`opgen tune` (opgen/cli/tune.py): its arguments and their errors, what
-it hands runtime.tuner.tune_many (with --model: a config's linear shapes),
+it hands runtime.tuner.tune_many (with --model: a config's linear shapes)
+or, with --gpus / --ray, runtime.tune_pool.tune_pairs, what a rerun skips,
 and the report it prints."""
 import json
 
 import pytest
 
-from opgen.bench.plan import shipped_matmul_specs
+from opgen.bench.plan import matmul_specs, shipped_matmul_specs
 from opgen.cli import main
 from opgen.cli.tune import report
-from opgen.runtime import tuner
+from opgen.codegen import planner
+from opgen.runtime import tune_pool, tuner, tuning_db
 from opgen.runtime.device import has_gpu
-from opgen.runtime.tuning_db import make_record
+from opgen.runtime.tune_ray import RayWorkers
+from opgen.runtime.tuning_db import TuningDB, make_key, make_record
+
+
+@pytest.fixture(autouse=True)
+def one_gpu(monkeypatch):
+    """As on a machine with one GPU (or none): tune_many in this process."""
+    monkeypatch.setattr(tune_pool, "visible_gpus", lambda: ["0"])
 
 
 @pytest.mark.parametrize("argv, msg", [
@@ -169,3 +178,84 @@ def test_without_a_gpu_one_line(capsys, tmp_path):
     err = capsys.readouterr().err
     assert rc == 1 and err.startswith("opgen: error: ") and len(err.splitlines()) == 1
     assert "Traceback" not in err
+
+
+# --- several GPUs, Ray, resume -------------------------------------------------------
+
+def _record_pool(monkeypatch, device="Fake GPU"):
+    calls = []
+
+    def fake(pairs, backend, **kw):
+        calls.append(([(s.name, N, K) for s, N, K in pairs], backend, kw))
+        outs = [tune_pool.Outcome(tune_pool.Task(i, s, N, K), f"gpu{i % 2}", device,
+                                  tuner.TuneResults("key", s.name, N, K))
+                for i, (s, N, K) in enumerate(pairs)]
+        outs[-1].results = None                               # skipped: in the DB already
+        return tune_pool.PoolRun(outs, total_s=2.0)
+    monkeypatch.setattr(tune_pool, "tune_pairs", fake)
+    monkeypatch.setattr(tuner, "tune_many", lambda *a, **k: pytest.fail("not in process"))
+    return calls
+
+
+def test_gpus_run_a_worker_per_gpu(capsys, monkeypatch, tmp_path):
+    calls = _record_pool(monkeypatch)
+    db = str(tmp_path / "db.json")
+    assert main(["tune", "bnb_nf4", "mxfp4", "--shapes", "4096x4096", "--M", "1,16", "--db", db,
+                 "--gpus", "0,1", "--force", "--finalists", "3"]) == 0
+    pairs, backend, kw = calls[-1]
+    assert pairs == [("bnb_nf4", 4096, 4096), ("mxfp4", 4096, 4096)]
+    assert isinstance(backend, tune_pool.LocalWorkers) and backend.gpus == ["0", "1"]
+    assert (kw["Ms"], kw["db"], kw["force"], kw["finalists"], kw["workers"]) == \
+        ([1, 16], db, True, 3, None)
+    out = capsys.readouterr().out
+    assert "== bnb_nf4  N=4096 K=4096" in out and "== mxfp4" not in out
+    assert "skipped 1 pair(s) the DB already has for their device" in out
+    assert "mxfp4 4096x4096 (Fake GPU)" in out
+    summary = out[out.index("per device:"):].splitlines()
+    assert summary[1].split() == ["device", "workers", "tuned", "partly", "failed", "skipped",
+                                  "records", "busy", "s"]
+    assert summary[3].split()[:4] == ["Fake", "GPU", "gpu0,", "gpu1"]
+
+
+@pytest.mark.parametrize("argv, address", [(["--ray"], None), (["--ray", "auto"], "auto")])
+def test_ray_address(argv, address, capsys, monkeypatch):
+    calls = _record_pool(monkeypatch)
+    assert main(["tune", "bnb_nf4", "--shapes", "4096x4096", *argv, "--quiet"]) == 0
+    backend = calls[-1][1]
+    assert isinstance(backend, RayWorkers) and backend.address == address
+    assert calls[-1][2]["progress"] is False
+
+
+def test_ray_and_gpus_exclusive(capsys, monkeypatch):
+    _record_pool(monkeypatch)
+    assert main(["tune", "bnb_nf4", "--shapes", "4096x4096", "--ray", "--gpus", "0,1"]) == 2
+    assert "--gpus is for local workers" in capsys.readouterr().err
+
+
+def test_rerun_skips_what_the_db_has_for_this_gpu(capsys, monkeypatch, tmp_path):
+    """In process (one GPU): a pair whose every requested bucket the DB has
+    for this GPU is skipped; --force tunes it again."""
+    calls = _record_calls(monkeypatch)
+    monkeypatch.setattr(tune_pool, "device_here", lambda arch=None: ("sm_90", "Fake GPU"))
+    monkeypatch.setattr(tuning_db, "rendered_hash", lambda key, config: "src")
+    db = tmp_path / "db.json"
+    [gptq] = matmul_specs(["gptq_v2_w4a16_g128"])
+    key = make_key(planner.execution_spec(gptq, "sm_90"), 4096, 4096, arch="sm_90",
+                   device="Fake GPU")
+    TuningDB(db, shipped=False).put_many(
+        (key, b, make_record({"name": "x"}, 1.0, M=M, source_hash="src"))
+        for b, M in (("1", 1), ("9-16", 16)))
+    argv = ["tune", "gptq_v2_w4a16_g128", "bnb_nf4", "--shapes", "4096x4096,8192x8192",
+            "--M", "1,16", "--db", str(db)]
+    assert main(argv) == 0
+    assert [c[:2] for c in calls] == [(["gptq_v2_w4a16_g128"], [(8192, 8192)]),
+                                      (["bnb_nf4"], [(4096, 4096), (8192, 8192)])]
+    out = capsys.readouterr().out
+    assert "skipped 1 pair(s) the DB already has for their device" in out
+    assert "gptq_v2_w4a16_g128 4096x4096 (Fake GPU)" in out
+    # a bucket the DB lacks (M=64): tuned; and --force: everything, in one call
+    for extra in (["--M", "1,64"], ["--force"]):
+        calls.clear()
+        assert main(argv + extra) == 0
+        assert [c[:2] for c in calls] == [(["gptq_v2_w4a16_g128", "bnb_nf4"],
+                                           [(4096, 4096), (8192, 8192)])]
