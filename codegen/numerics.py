@@ -1,7 +1,9 @@
 """Bit-exact conversions between float32 and the narrow number formats.
 
-Pure, vectorized numpy. Every narrow format has a *storage* numpy dtype (the
-bits as the GPU reads them) and a conversion to/from float32:
+Pure and vectorized; every conversion runs on numpy arrays and, the same
+operations, on CuPy arrays (`array_module`), so that quantizing on the GPU
+gives the reference's bytes. Every narrow format has a *storage* numpy dtype
+(the bits as the GPU reads them) and a conversion to/from float32:
 
     float16      np.float16                 (IEEE binary16)
     bfloat16     np.uint16  bit pattern     (top half of a float32)
@@ -20,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = [
-    "FP8_E4M3_TABLE", "FP8_E5M2_TABLE", "FP8_E4M3_MAX", "FP8_E5M2_MAX",
+    "array_module", "FP8_E4M3_TABLE", "FP8_E5M2_TABLE", "FP8_E4M3_MAX", "FP8_E5M2_MAX",
     "FLOAT_STORAGE_DTYPES",
     "f32_to_bf16_bits", "bf16_bits_to_f32",
     "f32_to_f16", "f16_to_f32", "f32_to_f16_bits", "f16_bits_to_f32",
@@ -28,6 +30,17 @@ __all__ = [
     "e8m0_to_f32", "f32_to_e8m0_ceil",
     "to_storage", "from_storage", "max_finite", "min_positive",
 ]
+
+
+def array_module(x):
+    """cupy for a CuPy array (imported only then), numpy for anything else.
+    The code written against it uses typed constants where a Python scalar
+    could promote differently in the two, and no Python loop over elements."""
+    if type(x).__module__.split(".")[0] == "cupy":
+        import cupy
+        return cupy
+    return np
+
 
 # --- bfloat16 ------------------------------------------------------------------
 
@@ -39,31 +52,35 @@ def f32_to_bf16_bits(x) -> np.ndarray:
     dropped bits; a carry out of the mantissa correctly bumps the exponent (and
     overflows to inf). NaNs are kept quiet NaNs with their sign.
     """
-    x = np.asarray(x, dtype=np.float32)
+    xp = array_module(x)
+    x = xp.asarray(x, dtype=np.float32)
     u = x.view(np.uint32).astype(np.uint64)
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = ((u >> 16) & 0x8000 | 0x7FC0).astype(np.uint16)
-    return np.where(np.isnan(x), nan, rounded).astype(np.uint16)
+    c = np.uint64
+    rounded = ((u + c(0x7FFF) + ((u >> c(16)) & c(1))) >> c(16)).astype(np.uint16)
+    nan = ((u >> c(16)) & c(0x8000) | c(0x7FC0)).astype(np.uint16)
+    return xp.where(xp.isnan(x), nan, rounded).astype(np.uint16)
 
 
 def bf16_bits_to_f32(bits) -> np.ndarray:
     """bfloat16 bit patterns -> float32 (exact)."""
-    b = np.asarray(bits).astype(np.uint16)
-    return (b.astype(np.uint32) << 16).view(np.float32)
+    xp = array_module(bits)
+    b = xp.asarray(bits).astype(np.uint16)
+    return (b.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 # --- float16 -------------------------------------------------------------------
 
 
 def f32_to_f16(x) -> np.ndarray:
-    """float32 -> np.float16 (numpy's cast is round-to-nearest-even;
-    beyond 65520 it overflows to inf, like CUDA's __float2half_rn)."""
+    """float32 -> np.float16 (numpy's and CuPy's casts are round-to-nearest-even;
+    beyond 65520 they overflow to inf, like CUDA's __float2half_rn)."""
+    xp = array_module(x)
     with np.errstate(over="ignore"):
-        return np.asarray(x, dtype=np.float32).astype(np.float16)
+        return xp.asarray(x, dtype=np.float32).astype(np.float16)
 
 
 def f16_to_f32(x) -> np.ndarray:
-    return np.asarray(x, dtype=np.float16).astype(np.float32)
+    return array_module(x).asarray(x, dtype=np.float16).astype(np.float32)
 
 
 def f32_to_f16_bits(x) -> np.ndarray:
@@ -71,7 +88,7 @@ def f32_to_f16_bits(x) -> np.ndarray:
 
 
 def f16_bits_to_f32(bits) -> np.ndarray:
-    return np.asarray(bits).astype(np.uint16).view(np.float16).astype(np.float32)
+    return array_module(bits).asarray(bits).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 # --- fp8 -------------------------------------------------------------------------
@@ -112,27 +129,30 @@ _FP8_FORMATS = {
 
 def _f32_to_fp8(x, fmt: str, saturate: bool) -> np.ndarray:
     mbits, emin, vmax, nan_code, inf_code, table = _FP8_FORMATS[fmt]
-    x = np.asarray(x, dtype=np.float32).astype(np.float64)
-    a = np.abs(x)
+    xp = array_module(x)
+    x = xp.asarray(x, dtype=np.float32).astype(np.float64)
+    a = xp.abs(x)
     # The grid spacing near |x| is 2**(e - mbits) with e = floor(log2|x|)
     # (held at emin for subnormals). |x| / spacing is exact in float64, so
-    # np.rint (ties to even) on it is RNE on the fp8 mantissa.
-    _, E = np.frexp(a)
-    e = np.maximum(E - 1, emin)
-    quantum = np.ldexp(1.0, e - mbits)
+    # rint (ties to even) on it is RNE on the fp8 mantissa.
+    _, E = xp.frexp(a)
+    e = xp.where(a > 0, xp.maximum(E - 1, emin), emin)     # frexp(0) is 0 * 2**0
+    quantum = xp.ldexp(xp.ones_like(a), e - mbits)         # float64, whatever e's int type
     with np.errstate(invalid="ignore"):
-        r = np.rint(a / quantum) * quantum
-    finite = np.isfinite(r) & (r <= vmax)
-    r_clipped = np.where(finite, r, vmax)
-    # The positive finite values are increasing in the code, so the code of a
-    # representable magnitude is its position in that table.
-    n_pos = int(np.searchsorted(table[:128], vmax)) + 1
-    mag_code = np.searchsorted(table[:n_pos].astype(np.float64), r_clipped).astype(np.int64)
-    if not saturate:
+        n = xp.rint(a / quantum)            # |x| rounded is n * quantum
+    finite = xp.isfinite(n) & (n * quantum <= vmax)
+    # The positive codes count through the grid: n, plus 2**mbits for each
+    # binade above emin's (n = 2**(mbits+1), rounded up, is the next binade's
+    # first code).
+    n = xp.where(finite, n, 0.0).astype(np.int64)
+    mag_code = ((e - emin).astype(np.int64) << np.int64(mbits)) + n
+    if saturate:
+        over = int(np.searchsorted(table[:128], vmax))      # the largest finite value's code
+    else:
         over = inf_code if inf_code is not None else nan_code
-        mag_code = np.where(finite, mag_code, over)
-    code = mag_code | (np.signbit(x).astype(np.int64) << 7)
-    code = np.where(np.isnan(x), nan_code, code)
+    mag_code = xp.where(finite, mag_code, over)
+    code = mag_code | (xp.signbit(x).astype(np.int64) << np.int64(7))
+    code = xp.where(xp.isnan(x), nan_code, code)
     return code.astype(np.uint8)
 
 
@@ -146,12 +166,17 @@ def f32_to_fp8_e5m2(x, saturate: bool = True) -> np.ndarray:
     return _f32_to_fp8(x, "float8_e5m2", saturate)
 
 
+def _lookup(table: np.ndarray, bits) -> np.ndarray:
+    xp = array_module(bits)
+    return xp.take(xp.asarray(table), xp.asarray(bits).astype(np.uint8))
+
+
 def fp8_e4m3_to_f32(bits) -> np.ndarray:
-    return FP8_E4M3_TABLE[np.asarray(bits).astype(np.uint8)]
+    return _lookup(FP8_E4M3_TABLE, bits)
 
 
 def fp8_e5m2_to_f32(bits) -> np.ndarray:
-    return FP8_E5M2_TABLE[np.asarray(bits).astype(np.uint8)]
+    return _lookup(FP8_E5M2_TABLE, bits)
 
 
 # --- e8m0 ------------------------------------------------------------------------
@@ -160,9 +185,10 @@ def fp8_e5m2_to_f32(bits) -> np.ndarray:
 def e8m0_to_f32(e) -> np.ndarray:
     """OCP MX scale: code e -> 2**(e - 127) (float32; 2**-127 is a float32
     subnormal, still exact), 255 -> NaN."""
-    e = np.asarray(e).astype(np.int64)
-    val = np.ldexp(1.0, e - 127)
-    return np.where(e == 255, np.nan, val).astype(np.float32)
+    xp = array_module(e)
+    e = xp.asarray(e).astype(np.int64)
+    val = xp.ldexp(xp.ones(e.shape, np.float64), e - 127)
+    return xp.where(e == 255, np.nan, val).astype(np.float32)
 
 
 def f32_to_e8m0_ceil(x) -> np.ndarray:
@@ -171,13 +197,14 @@ def f32_to_e8m0_ceil(x) -> np.ndarray:
     Rounding up means a block scaled by it never overflows the element format.
     Clamped to the finite range [2**-127, 2**127]; x <= 0 gives code 0, NaN 255.
     """
-    x = np.asarray(x, dtype=np.float64)
-    m, E = np.frexp(x)                      # x = m * 2**E, 0.5 <= m < 1
-    exp = np.where(m == 0.5, E - 1, E)      # exact powers of two need no round-up
-    code = np.clip(exp + 127, 0, 254)
-    code = np.where(x > 0, code, 0)
-    code = np.where(np.isposinf(x), 254, code)
-    code = np.where(np.isnan(x), 255, code)
+    xp = array_module(x)
+    x = xp.asarray(x, dtype=np.float64)
+    m, E = xp.frexp(x)                      # x = m * 2**E, 0.5 <= m < 1
+    exp = xp.where(m == 0.5, E - 1, E)      # exact powers of two need no round-up
+    code = xp.clip(exp + 127, 0, 254)
+    code = xp.where(x > 0, code, 0)
+    code = xp.where(xp.isposinf(x), 254, code)
+    code = xp.where(xp.isnan(x), 255, code)
     return code.astype(np.uint8)
 
 
@@ -214,7 +241,7 @@ def min_positive(dtype: str) -> float:
 
 def to_storage(x, dtype: str) -> np.ndarray:
     """Real values -> storage array of the named format (RNE; e8m0 rounds up)."""
-    x = np.asarray(x, dtype=np.float32)
+    x = array_module(x).asarray(x, dtype=np.float32)
     if dtype == "float16":
         return f32_to_f16(x)
     if dtype == "bfloat16":
@@ -233,11 +260,11 @@ def to_storage(x, dtype: str) -> np.ndarray:
 def from_storage(arr, dtype: str) -> np.ndarray:
     """Storage array of the named format -> float32 values (exact)."""
     if dtype == "float16":
-        return np.asarray(arr, dtype=np.float16).astype(np.float32)
+        return f16_to_f32(arr)
     if dtype == "bfloat16":
         return bf16_bits_to_f32(arr)
     if dtype == "float32":
-        return np.asarray(arr, dtype=np.float32)
+        return array_module(arr).asarray(arr, dtype=np.float32)
     if dtype == "float8_e4m3":
         return fp8_e4m3_to_f32(arr)
     if dtype == "float8_e5m2":

@@ -17,6 +17,9 @@ Conventions used throughout
   a tensor scale), G = number of K groups (1 for channel and tensor scales).
   `to_layout` / `from_layout` convert to the stored shapes of
   `spec.scale_shape` / `spec.zero_shape`.
+* The encoding direction (encode_codes, encode_zeros, blocks, to_layout) runs
+  on numpy or CuPy arrays alike (numerics.array_module): quantize_weight on
+  the GPU stores the same bytes.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from typing import Optional, Tuple, Union
 
 import numpy as np
 
+from . import numerics as nx
 from .spec import (CONTAINER_BITS, WEIGHT_CODES, Pack, Scale, Spec, Weight,
                    n_groups, weight_code)
 
@@ -54,7 +58,7 @@ def weight_of(spec: SpecLike) -> Weight:
 
 def sign_extend(raw: np.ndarray, bits: int) -> np.ndarray:
     """Sign-extend a two's complement field of `bits` bits."""
-    raw = np.asarray(raw, dtype=np.int64)
+    raw = nx.array_module(raw).asarray(raw, dtype=np.int64)
     return raw - ((raw >> (bits - 1)) & 1) * (1 << bits)
 
 
@@ -74,20 +78,21 @@ def _pack(fields: np.ndarray, axis: int, bits: int, pack: Pack) -> np.ndarray:
     (pack.planes: element order[i] * W + j of the W words' P planes)."""
     P = CONTAINER_BITS[pack.container] // bits
     order = _order(pack, P)
-    f = np.moveaxis(np.asarray(fields), axis, -1)
+    xp = nx.array_module(fields)
+    f = xp.moveaxis(xp.asarray(fields), axis, -1)
     if f.shape[-1] % P:
         raise ValueError(f"packed axis of length {f.shape[-1]} is not a multiple of P={P}")
     # uint32 arithmetic (containers are at most 32 bits): two's complement
     # fields keep their low `bits` bits under the mask.
     f = f.astype(np.uint32) & np.uint32((1 << bits) - 1)
     if pack.planes:
-        f = np.moveaxis(f.reshape(*f.shape[:-1], P, -1), -2, -1)     # [..., W, P] of planes
+        f = xp.moveaxis(f.reshape(*f.shape[:-1], P, -1), -2, -1)     # [..., W, P] of planes
     else:
         f = f.reshape(*f.shape[:-1], -1, P)
-    word = np.zeros(f.shape[:-1], dtype=np.uint32)
+    word = xp.zeros(f.shape[:-1], dtype=np.uint32)
     for i, src in enumerate(order):
         word |= f[..., src] << np.uint32(bits * i)
-    word = np.ascontiguousarray(np.moveaxis(word, -1, axis))
+    word = xp.ascontiguousarray(xp.moveaxis(word, -1, axis))
     if pack.container == "uint8":
         return word.astype(np.uint8)
     return word.view(np.int32)
@@ -119,7 +124,7 @@ def _unpacked_dtype(dtype: str, kind: str):
 
 def _fields_to_elements(raw: np.ndarray, dtype: str, kind: str, bits: int) -> np.ndarray:
     """Raw fields -> one storage element each (see module docstring)."""
-    raw = np.asarray(raw, dtype=np.int64) & ((1 << bits) - 1)
+    raw = nx.array_module(raw).asarray(raw, dtype=np.int64) & np.int64((1 << bits) - 1)
     if dtype == "float16":
         return raw.astype(np.uint16).view(np.float16)
     if kind == "int":
@@ -144,13 +149,14 @@ def encode_codes(spec: SpecLike, codes_nk: np.ndarray) -> np.ndarray:
     """Raw codes [N, K] -> the stored qweight (layout, packing, storage dtype)."""
     w = weight_of(spec)
     code = weight_code(w)
-    codes = np.asarray(codes_nk)
+    xp = nx.array_module(codes_nk)
+    codes = xp.asarray(codes_nk)
     stored = codes if w.layout == "nt" else codes.T
     if w.pack is None:
         out = _fields_to_elements(stored, w.dtype, code.kind, code.bits)
     else:
         out = _pack(stored, _weight_pack_axis(w), code.bits, w.pack)
-    return np.ascontiguousarray(out)
+    return xp.ascontiguousarray(out)
 
 
 def decode_storage(spec: SpecLike, qweight: np.ndarray) -> np.ndarray:
@@ -193,7 +199,7 @@ def to_layout(s: Optional[Scale], logical: np.ndarray) -> np.ndarray:
         return logical.reshape(1)
     if s.granularity == "channel":
         return logical[:, 0]
-    return np.ascontiguousarray(logical.T if s.layout == "kn" else logical)
+    return nx.array_module(logical).ascontiguousarray(logical.T if s.layout == "kn" else logical)
 
 
 def from_layout(s: Optional[Scale], stored: np.ndarray, N: int, K: int) -> np.ndarray:
@@ -239,10 +245,11 @@ def encode_zeros(spec: SpecLike, stored_values: np.ndarray) -> np.ndarray:
     if w.zero.kind != "int":
         raise ValueError("encode_zeros is for zero kind int")
     zc = WEIGHT_CODES[w.zero.dtype]
-    arr = np.asarray(stored_values, dtype=np.int64)
+    xp = nx.array_module(stored_values)
+    arr = xp.asarray(stored_values, dtype=np.int64)
     if w.zero.pack is None:
         return arr.astype(np.int8 if zc.kind == "int" else np.uint8)
-    return np.ascontiguousarray(_pack(arr, _zero_pack_axis(w), zc.bits, w.zero.pack))
+    return xp.ascontiguousarray(_pack(arr, _zero_pack_axis(w), zc.bits, w.zero.pack))
 
 
 def decode_zeros(spec: SpecLike, zeros: np.ndarray) -> np.ndarray:

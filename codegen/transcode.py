@@ -25,6 +25,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from . import numerics
 from .errors import UserError
 from .lower import DTYPE_BYTES
 from .spec import (CONTAINER_BITS, WEIGHT_CODES, Pack, Spec, Weight, codes_per_container,
@@ -128,13 +129,11 @@ def _scale_transposed(ws: Weight, wd: Weight) -> bool:
 # --- array module -------------------------------------------------------------------------
 
 def array_module(x):
-    """numpy for numpy arrays, cupy for CuPy arrays (imported only then)."""
-    if isinstance(x, np.ndarray):
-        return np
-    if type(x).__module__.split(".")[0] == "cupy":
-        import cupy
-        return cupy
-    raise TranscodeError(f"transcode takes numpy or CuPy arrays, not {type(x).__name__}")
+    """numerics.array_module of an array transcode takes: numpy or CuPy
+    (anything else is refused, not read as a numpy array)."""
+    if not isinstance(x, np.ndarray) and type(x).__module__.split(".")[0] != "cupy":
+        raise TranscodeError(f"transcode takes numpy or CuPy arrays, not {type(x).__name__}")
+    return numerics.array_module(x)
 
 
 def _u(x, xp):

@@ -15,9 +15,12 @@ compiled MatmulOp behind a handle is built on first use and shared by every
 layer of the same spec and shape.
 
 CUDA tensors run the generated kernels. CPU tensors run the numpy reference
-(`codegen.reference`: exact and slow; for tests and debugging).
+(`codegen.reference`: exact and slow; for tests and debugging). Float weights
+are quantized where they lie (`QuantLinear.from_linear`, `replace_linear`): on
+the GPU by CuPy, on the CPU by numpy, the same bytes either way.
 """
 import fnmatch
+import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
@@ -35,9 +38,10 @@ from .codegen.transcode import transcode
 from .runtime import arrays
 from .runtime.device import current_arch
 from .runtime.op import LAYOUTS, MatmulOp
+from .runtime.progress import Progress
 
-__all__ = ["QuantLinear", "replace_linear", "ReplaceReport", "quantize_activation", "matmul",
-           "handle_for", "to_numpy", "to_torch"]
+__all__ = ["QuantLinear", "replace_linear", "ReplaceReport", "quantized", "quantize_activation",
+           "matmul", "handle_for", "to_numpy", "to_torch"]
 
 _FLOAT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 # storage dtype names (checkpoints.expected_tensors' first choice) -> torch dtype
@@ -95,6 +99,13 @@ def to_torch(a, device=None) -> torch.Tensor:
         if a.dtype == torch.uint32:  # the kernels' int32 containers: same bits
             a = a.view(torch.int32)
         return a if device is None else a.to(device)
+    if type(a).__module__.split(".")[0] == "cupy":
+        # on its GPU, through DLPack (CuPy's current stream hands it over)
+        if a.dtype == np.uint16:
+            t = torch.from_dlpack(a.view(np.int16)).view(torch.bfloat16)
+        else:
+            t = torch.from_dlpack(a.view(np.int32) if a.dtype == np.uint32 else a)
+        return t if device is None else t.to(device)
     a = np.ascontiguousarray(a)
     if a.dtype == np.uint16:         # opgen's numpy form of bfloat16
         t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
@@ -151,6 +162,24 @@ def quantize_activation(x: torch.Tensor, target: str = "int8") -> Tuple[torch.Te
     if target == "int8":
         return torch.round(t).clamp(-127, 127).to(torch.int8), scale
     return t.clamp(-qmax, qmax).to(torch.float8_e4m3fn), scale
+
+
+# --- quantizing float weights --------------------------------------------------------------
+
+def quantized(spec: Union[Spec, str], weight: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """A float weight [N, K] quantized into spec's storage (codegen.quantize_weight:
+    round to nearest per group), on the device it lies on: a CUDA tensor by
+    CuPy on torch's current stream, never through the host; any other by
+    numpy. The same bytes either way. -> {"qweight", "scales", "zeros"} (those
+    the spec stores) as torch tensors in opgen's storage dtypes."""
+    spec = as_spec(spec)
+    w = weight.detach().float()
+    if not w.is_cuda:
+        return {k: to_torch(v) for k, v in quantize_weight.quantize(spec, w.cpu().numpy()).items()}
+    import cupy
+    with cupy.cuda.Device(w.device.index), arrays.stream_for("torch", w):
+        t = quantize_weight.quantize(spec, cupy.from_dlpack(w.contiguous()))
+        return {k: to_torch(v) for k, v in t.items()}
 
 
 # --- QuantLinear ------------------------------------------------------------------------
@@ -226,10 +255,10 @@ class QuantLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, spec: Union[Spec, str], linear: nn.Linear) -> "QuantLinear":
-        """Quantize a float nn.Linear (weight [out=N, in=K]) with the reference quantizer."""
+        """Quantize a float nn.Linear (weight [out=N, in=K]) where its weight
+        lies: see `quantized`."""
         spec = as_spec(spec)
-        w = linear.weight.detach().float().cpu().numpy()
-        t = quantize_weight.quantize(spec, w)
+        t = quantized(spec, linear.weight)
         return cls(spec, linear.in_features, linear.out_features, bias=linear.bias,
                    device=linear.weight.device, **t)
 
@@ -352,24 +381,36 @@ class ReplaceReport:
     skipped: Dict[str, str] = field(default_factory=dict)     # name -> why
 
 
+# replace_linear shows its progress once its layer loop has run this long
+PROGRESS_AFTER_S = 1.0
+
+
 def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str] = (),
-                   quantize: bool = True) -> ReplaceReport:
+                   quantize: bool = True, progress: bool = True) -> ReplaceReport:
     """Swap every nn.Linear of `model` (in place) for a QuantLinear of `spec`.
 
     Layers whose shapes the spec's alignment rules refuse (N % 8, K % 32,
     K % group, ...) and layers matching a `skip` pattern (fnmatch on the
     qualified name, e.g. "lm_head" or "*.gate") stay float and are reported
-    with the reason. quantize=False allocates zero storage instead of running
-    the reference quantizer (for a load_state_dict that follows)."""
+    with the reason. Weights are quantized where they lie (`quantized`: a
+    model on the GPU is quantized there); quantize=False allocates zero
+    storage instead (for a load_state_dict that follows). A loop running over
+    PROGRESS_AFTER_S seconds shows its progress on stderr (progress=False:
+    never)."""
     spec = as_spec(spec)
     skip = list(skip)
     report = ReplaceReport()
-    for name, mod in list(model.named_modules()):
-        if not isinstance(mod, nn.Linear):
-            continue
-        if name == "":
-            raise ValueError("replace_linear swaps submodules; for a bare nn.Linear use "
-                             "QuantLinear.from_linear")
+    linears = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
+    if any(name == "" for name, _ in linears):
+        raise ValueError("replace_linear swaps submodules; for a bare nn.Linear use "
+                         "QuantLinear.from_linear")
+    prog, start, shown, n = Progress(progress), time.monotonic(), False, len(linears)
+    for i, (name, mod) in enumerate(linears):
+        if time.monotonic() - start >= PROGRESS_AFTER_S:
+            # on a pipe: the first line shown, then one per tenth of the layers
+            milestone = not shown or 10 * i // n != 10 * (i - 1) // n
+            prog.show(f"replace_linear {spec.name} {prog.bar(i, n)} {i}/{n} {name}", milestone=milestone)
+            shown = True
         if any(fnmatch.fnmatchcase(name, p) for p in skip):
             report.skipped[name] = "matches skip="
             continue
@@ -386,4 +427,9 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, q)
         report.replaced.append(name)
+    if shown or time.monotonic() - start >= PROGRESS_AFTER_S:
+        prog.show(f"replace_linear {spec.name} {prog.bar(n, n)} {n}/{n}: {len(report.replaced)} "
+                  f"replaced, {len(report.skipped)} left float, {time.monotonic() - start:.1f} s",
+                  milestone=True)
+        prog.end()
     return report

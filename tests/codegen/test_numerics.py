@@ -72,3 +72,58 @@ def test_f16_and_e8m0():
     assert v[:6].tolist() == [2.0**-127, 2.0**-126, 0.5, 1.0, 2.0, 2.0**127] and np.isnan(v[6])
     assert nx.f32_to_e8m0_ceil(np.array([1.0, 1.01, 0.75, 0.5, 3.0, 0.0, np.nan], np.float32)).tolist() == \
         [127, 128, 127, 126, 129, 0, 255]
+
+
+def _float32_sample() -> np.ndarray:
+    """Every float32 whose low 16 bits are 0, 1, 0x7FFF, 0x8000 or 0xFFFF (each
+    exponent, sign and top mantissa bits, around each rounding tie of the
+    narrow formats), +-0, +-inf and NaNs."""
+    top = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
+    bits = np.concatenate([top | np.uint32(low) for low in (0, 1, 0x7FFF, 0x8000, 0xFFFF)])
+    return bits.view(np.float32)
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3", "float8_e5m2"])
+def test_fp8_encode_is_nearest_even_on_every_exponent(fmt):
+    """Vectorized brute force over _float32_sample: the nearest finite value
+    (ties: the even code), saturating; NaN -> the NaN code."""
+    x = _float32_sample()
+    table = nx.from_storage(np.arange(128), fmt).astype(np.float64)
+    codes = np.flatnonzero(np.isfinite(table))                    # increasing magnitudes
+    mags = table[codes]
+    with np.errstate(all="ignore"):
+        a = np.abs(x.astype(np.float64))
+        hi = np.clip(np.searchsorted(mags, a), 1, len(mags) - 1)
+        lo = hi - 1
+        dl, dh = a - mags[lo], mags[hi] - a
+        pick = np.where((dh < dl) | ((dh == dl) & (codes[hi] % 2 == 0)), hi, lo)
+        want = codes[pick] | (np.signbit(x).astype(np.int64) << 7)
+        want = np.where(np.isnan(x), 0x7F, want)
+        got = nx.to_storage(x, fmt)
+    assert np.array_equal(got, want.astype(np.uint8))
+
+
+def test_array_module():
+    assert nx.array_module(np.zeros(2)) is np and nx.array_module([1.0]) is np
+    assert nx.array_module(np.float32(1)) is np
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "float32", "float8_e4m3", "float8_e5m2", "e8m0"])
+def test_cupy_converts_like_numpy(fmt):
+    """CuPy arrays in: the same bits out, both ways, on _float32_sample (and
+    the fp8 formats' overflow to NaN / inf)."""
+    import cupy as cp
+    x = _float32_sample()
+    with np.errstate(all="ignore"):
+        want = nx.to_storage(x, fmt)
+        back = nx.from_storage(want, fmt)
+    got = nx.to_storage(cp.asarray(x), fmt)
+    assert isinstance(got, cp.ndarray) and got.dtype == want.dtype
+    assert got.get().tobytes() == want.tobytes()
+    assert nx.from_storage(got, fmt).get().tobytes() == back.tobytes()
+    if fmt.startswith("float8"):
+        conv = nx.f32_to_fp8_e4m3 if fmt == "float8_e4m3" else nx.f32_to_fp8_e5m2
+        with np.errstate(all="ignore"):
+            want = conv(x, saturate=False)
+        assert conv(cp.asarray(x), saturate=False).get().tobytes() == want.tobytes()

@@ -24,7 +24,8 @@ from opgen.codegen import reference as R
 from opgen.codegen.quantize_weight import quantize
 from opgen.codegen.random_data import random_codes
 from opgen.codegen.reference import code_values
-from opgen.codegen.spec import Pack, Scale, Weight, Zero, weight_storage_shape
+from opgen.codegen.spec import (WEIGHT_CODES, Pack, Scale, Weight, Zero, scale_shape,
+                                weight_storage_shape)
 from opgen.codegen.storage import decode_storage, decode_zeros, encode_codes, encode_zeros
 from weight_strategies import SETTINGS, storage_dtype, weights
 
@@ -66,6 +67,27 @@ def test_unpacked_int_storage_holds_values():
     assert code_values(w, codes).tolist() == [[-128, -1, 1]]
     # signed values are accepted and masked to the same fields
     assert np.array_equal(encode_codes(w, np.array([[-128, -1, 1]])), qw)
+
+
+@pytest.mark.gpu
+@settings(**dict(SETTINGS, max_examples=min(SETTINGS["max_examples"], 60)))
+@given(weights(), st.integers(0, 2**32 - 1))
+def test_cupy_encodes_numpys_bytes(wnk, seed):
+    """encode_codes and encode_zeros (the direction quantizing takes) on CuPy
+    arrays store numpy's bytes, in CuPy arrays."""
+    import cupy as cp
+    w, N, K = wnk
+    rng = np.random.default_rng(seed)
+    codes = random_codes(w, N, K, rng)
+    want, got = encode_codes(w, codes), encode_codes(w, cp.asarray(codes))
+    assert isinstance(got, cp.ndarray) and got.dtype == want.dtype and got.shape == want.shape
+    assert got.get().tobytes() == want.tobytes()
+    if w.zero.kind == "int":
+        zc = WEIGHT_CODES[w.zero.dtype]
+        stored = rng.integers(zc.lo, zc.hi + 1, size=scale_shape(w.scale, N, K))
+        want, got = encode_zeros(w, stored), encode_zeros(w, cp.asarray(stored))
+        assert isinstance(got, cp.ndarray) and got.dtype == want.dtype and got.shape == want.shape
+        assert got.get().tobytes() == want.tobytes()
 
 
 # --- real checkpoint formats, packed independently ----------------------------------

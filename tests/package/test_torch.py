@@ -5,6 +5,7 @@ the generated kernels (they also need a CUDA build of torch).
 """
 import copy
 import io
+import time
 import zlib
 
 import numpy as np
@@ -84,6 +85,37 @@ def test_replace_linear_skip_patterns_and_root():
     assert report.replaced == ["0"] and report.skipped["2"] == "matches skip="
     with pytest.raises(ValueError, match="bare nn.Linear"):
         ot.replace_linear(nn.Linear(256, 128), "gptq_v2_w4a16_g128")
+
+
+def test_replace_linear_shows_its_progress_when_slow(monkeypatch, capsys):
+    """A layer loop running over PROGRESS_AFTER_S shows a bar on stderr (on a
+    pipe: its first line, each tenth of the layers, the summary); a fast one,
+    or progress=False, prints nothing."""
+    ot.replace_linear(tiny_mlp(), "gptq_v2_w4a16_g128")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(ot, "PROGRESS_AFTER_S", 0.0)              # every loop is slow now
+    ot.replace_linear(tiny_mlp(), "gptq_v2_w4a16_g128", progress=False)
+    assert capsys.readouterr().err == ""
+    ot.replace_linear(tiny_mlp(), "gptq_v2_w4a16_g128")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[:3] == ["replace_linear gptq_v2_w4a16_g128 [--------------------] 0/3 0",
+                         "replace_linear gptq_v2_w4a16_g128 [######--------------] 1/3 2",
+                         "replace_linear gptq_v2_w4a16_g128 [#############-------] 2/3 4"]
+    assert len(lines) == 4 and lines[3].startswith(
+        "replace_linear gptq_v2_w4a16_g128 [####################] 3/3: 2 replaced, 1 left float, ")
+
+
+@pytest.mark.parametrize("spec", ["gptq_v2_w4a16_g128", "bnb_nf4", "mxfp4", "fp8_e4m3_w8a16"])
+def test_quantized_on_the_cpu_is_the_reference(spec):
+    """A CPU weight (any float dtype) is quantized by numpy: the reference's
+    bytes, as torch tensors in opgen's storage dtypes."""
+    lin = tiny_mlp()[0].to(torch.bfloat16)
+    t = ot.quantized(spec, lin.weight)
+    want = quantize(as_spec(spec), lin.weight.detach().float().numpy())
+    assert set(t) == set(want)
+    for k, v in want.items():
+        assert isinstance(t[k], torch.Tensor) and np.array_equal(ot.to_numpy(t[k]).view(np.uint8),
+                                                                 v.view(np.uint8)), k
 
 
 @pytest.mark.parametrize("spec", ALL_SPECS)
@@ -379,3 +411,67 @@ def test_gpu_cuda_graph_replay_equals_eager(spec):
         torch.cuda.synchronize()
         with torch.no_grad():
             assert torch.equal(static_out, model(static_x))
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("spec", ALL_SPECS + ["mxfp4", "fp8_e4m3_w8a16", "w1a16_g128"])
+def test_gpu_quantizes_on_the_gpu_with_the_references_bytes(spec, monkeypatch):
+    """A Linear on the GPU is quantized there (CuPy, through DLPack: nothing
+    goes through the host) into the bytes the CPU's numpy gives."""
+    lin = tiny_mlp()[0].half()
+    cpu = ot.QuantLinear.from_linear(spec, lin)
+    lin = lin.cuda()
+
+    def host(*a, **k):
+        raise AssertionError("a host copy")
+    monkeypatch.setattr(torch.Tensor, "cpu", host)
+    monkeypatch.setattr(torch.Tensor, "numpy", host)
+    gpu = ot.QuantLinear.from_linear(spec, lin)
+    monkeypatch.undo()
+    for k in ("qweight", "scales", "zeros", "bias"):
+        g, c = getattr(gpu, k), getattr(cpu, k)
+        assert (g is None) == (c is None), k
+        if g is not None:
+            assert g.is_cuda and g.dtype == c.dtype and torch.equal(g.cpu(), c), k
+
+
+class _Llama3_8BLayer(nn.Module):
+    """The seven linear layers of a Llama-3-8B decoder layer (fp16, no bias)."""
+
+    def __init__(self):
+        super().__init__()
+        lin = lambda k, n: nn.Linear(k, n, bias=False, device="cuda", dtype=torch.float16)  # noqa: E731
+        self.self_attn = nn.ModuleDict(dict(q_proj=lin(4096, 4096), k_proj=lin(4096, 1024),
+                                            v_proj=lin(4096, 1024), o_proj=lin(4096, 4096)))
+        self.mlp = nn.ModuleDict(dict(gate_proj=lin(4096, 14336), up_proj=lin(4096, 14336),
+                                      down_proj=lin(14336, 4096)))
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("spec", ["gptq_v2_w4a16_g128", "awq_w4a16_g128", "bnb_nf4", "mxfp4", "w8a8_int8"])
+def test_gpu_replace_linear_quantizes_a_llama3_8b_shaped_model_in_under_15_s(spec, record):
+    """replace_linear on a 32-layer Llama-3-8B-shaped model on the H200:
+    under 15 s (issue target; CuPy's kernels compiled first, on a small
+    model), and a layer of each shape holds the bytes the CPU gives it."""
+    ot.replace_linear(tiny_mlp().cuda().half(), spec, progress=False)        # compile CuPy's kernels
+    torch.manual_seed(0)
+    model = nn.ModuleList([_Llama3_8BLayer() for _ in range(32)])
+    first = {n: copy.deepcopy(m).cpu() for n, m in model[0].named_modules() if isinstance(m, nn.Linear)}
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    report = ot.replace_linear(model, spec)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    record(test="replace_linear_llama3_8b_gpu", spec=spec, seconds=seconds, layers=len(report.replaced))
+    assert len(report.replaced) == 32 * 7 and not report.skipped
+    for name, lin in first.items():
+        want = ot.QuantLinear.from_linear(spec, lin)
+        got = model[0].get_submodule(name)
+        for k in ("qweight", "scales", "zeros"):
+            if getattr(want, k) is not None:
+                assert torch.equal(getattr(got, k).cpu(), getattr(want, k)), (name, k)
+    del model
+    torch.cuda.empty_cache()
+    assert seconds < 15.0
