@@ -3,28 +3,19 @@ one job at a time, through compile_many in worker processes, per-spec waits
 and verdicts, and the real NVRTC in spawned workers (no GPU needed)."""
 import io
 import threading
-from dataclasses import dataclass
 
 import pytest
 
 from opgen.codegen.compiler import cache_dir
 from opgen.codegen.planner import Config, heuristic
-from opgen.codegen.spec import Activation, Output, Scale, Spec, Weight
 from opgen.codegen.resolve import as_spec
 from opgen.runtime import compile_pool
 from opgen.runtime.progress import Progress
 
-from compile_fakes import fake_compile_many
-
-SPEC = Spec(name="w4a16_fake", op="matmul", a=Activation("float16"),
-            b=Weight("uint4", scale=Scale("float16", "group", 128)), out=Output("float16"))
-SPEC2 = Spec(name="w8a16_fake", op="matmul", a=Activation("float16"),
-             b=Weight("int8", scale=Scale("float16", "channel")), out=Output("float16"))
+from compile_fakes import SPEC, SPEC2, FakeConfig, fake_compile_many
 
 
-@dataclass(frozen=True)
-class FakeConfig:
-    name: str
+
 
 
 C = {n: FakeConfig(n) for n in ("a", "c", "nocompile", "boom", "pd1")}

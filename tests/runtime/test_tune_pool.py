@@ -13,11 +13,12 @@ from opgen.runtime.progress import Progress
 from opgen.runtime.tune_pool import LocalWorkers, Task, plan_tasks, tune_pairs
 from opgen.runtime.tuning_db import TuningDB
 
-from tune_pool_fakes import DIE, FakeTuner, InProcess, spec
+from compile_fakes import fake_spec
+from tune_pool_fakes import DIE, FakeTuner, InProcess
 
 A, B = "Fake GPU A", "Fake GPU B"
-PAIRS = [(spec("w4_fake"), 1024, 1024), (spec("w4_fake"), 2048, 1024),
-         (spec("w5_fake"), 1024, 1024), (spec("w5_fake"), 4096, 1024)]
+PAIRS = [(fake_spec("w4_fake"), 1024, 1024), (fake_spec("w4_fake"), 2048, 1024),
+         (fake_spec("w5_fake"), 1024, 1024), (fake_spec("w5_fake"), 4096, 1024)]
 MS = [1, 16]
 BUCKETS = {"1", "9-16"}
 
@@ -64,7 +65,7 @@ def test_two_gpus_each_pair_stored_under_its_device(tmp_path):
 
 def test_a_dead_worker_loses_only_its_pair(tmp_path):
     db = tmp_path / "db.json"
-    pairs = [PAIRS[0], (spec(DIE), 1024, 1024), *PAIRS[1:]]
+    pairs = [PAIRS[0], (fake_spec(DIE), 1024, 1024), *PAIRS[1:]]
     run = local(pairs, db)
     dead = run.outcomes[1]
     assert dead.failed and "died (killed by SIGKILL) while tuning it" in dead.results.error
@@ -135,7 +136,7 @@ def test_progress_over_all_workers(tmp_path, monkeypatch):
 
 def test_workers_that_keep_dying_leave_the_rest_failed(tmp_path, monkeypatch):
     monkeypatch.setattr(tune_pool, "RESTARTS", 0)
-    pairs = [(spec(DIE), 1024 * i, 1024) for i in (1, 2)] + PAIRS[:1]
+    pairs = [(fake_spec(DIE), 1024 * i, 1024) for i in (1, 2)] + PAIRS[:1]
     run = tune_pairs(pairs, LocalWorkers(["0"], FakeTuner()), Ms=MS, db=tmp_path / "db.json",
                      progress=False, workers=1)
     assert "killed by SIGKILL" in run.outcomes[0].results.error

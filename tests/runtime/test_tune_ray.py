@@ -14,11 +14,12 @@ from opgen.runtime.tune_pool import tune_pairs
 from opgen.runtime.tune_ray import RayWorkers
 from opgen.runtime.tuning_db import DBKey, TuningDB
 
-from tune_pool_fakes import DIE, FakeTuner, spec
+from compile_fakes import fake_spec
+from tune_pool_fakes import DIE, FakeTuner
 
 A, B = "Fake GPU A", "Fake GPU B"
-PAIRS = [(spec("w4_fake"), 1024, 1024), (spec("w4_fake"), 2048, 1024),
-         (spec("w5_fake"), 1024, 1024)]
+PAIRS = [(fake_spec("w4_fake"), 1024, 1024), (fake_spec("w4_fake"), 2048, 1024),
+         (fake_spec("w5_fake"), 1024, 1024)]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def test_pairs_as_ray_tasks_on_two_gpus(ray, tmp_path):
 
 
 def test_a_dead_ray_worker_loses_only_its_pair(ray, tmp_path):
-    got = run([PAIRS[0], (spec(DIE), 1024, 1024), PAIRS[2]], tmp_path / "db.json")
+    got = run([PAIRS[0], (fake_spec(DIE), 1024, 1024), PAIRS[2]], tmp_path / "db.json")
     dead = got.outcomes[1]
     assert dead.failed and "Ray worker died while tuning it" in dead.results.error
     assert got.outcomes[0].results.ok() and got.outcomes[2].results.ok()

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,6 @@ from hypothesis import strategies as st
 from opgen.codegen.planner import Config, PlanError
 from opgen.cli.tune import report          # the run's report, as `opgen tune` prints it
 from opgen.codegen.resolve import as_spec
-from opgen.codegen.spec import Activation, Output, Scale, Spec, Weight
 from opgen.codegen.tolerance import tolerance
 from opgen.runtime import compile_pool, tuner, tuning_db, workbench
 from opgen.runtime.device import current_arch
@@ -32,22 +30,12 @@ from opgen.runtime.timing import Timing
 from opgen.runtime.tuner import tune, tune_many
 from opgen.runtime.tuning_db import TuningDB
 
-from compile_fakes import fake_compile, fake_compile_many
+from compile_fakes import SPEC, SPEC2, FakeConfig, fake_compile, fake_compile_many
 
-SPEC = Spec(name="w4a16_fake", op="matmul", a=Activation("float16"),
-            b=Weight("uint4", scale=Scale("float16", "group", 128)), out=Output("float16"))
-SPEC2 = Spec(name="w8a16_fake", op="matmul", a=Activation("float16"),
-             b=Weight("int8", scale=Scale("float16", "channel")), out=Output("float16"))
 
 
 # --- fakes -------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class FakeConfig:
-    name: str
-
-    def to_dict(self):
-        return {"name": self.name}
 
 
 C = {n: FakeConfig(n) for n in ("heur", "a", "b", "c", "d", "e", "f", "nocompile", "boom",

@@ -11,26 +11,16 @@ import signal
 import time
 from dataclasses import dataclass
 
-from opgen.codegen.spec import Activation, Output, Scale, Spec, Weight
 from opgen.runtime import compile_pool, tune_pool, tuner, tuning_db
 from opgen.runtime.timing import Timing
 
-from compile_fakes import fake_compile_many
+from compile_fakes import FakeConfig, fake_compile_many
 
 DIE = "crash_fake"
 
 
-def spec(name: str) -> Spec:
-    return Spec(name=name, op="matmul", a=Activation("float16"),
-                b=Weight("uint4", scale=Scale("float16", "group", 128)), out=Output("float16"))
 
 
-@dataclass(frozen=True)
-class FakeConfig:
-    name: str
-
-    def to_dict(self):
-        return {"name": self.name}
 
 
 # us per config on each fake device: "a" wins on A, "b" on B
