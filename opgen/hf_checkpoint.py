@@ -38,7 +38,6 @@ CheckpointError naming the file, the tensor or config field, and the mismatch.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple, Union
@@ -53,6 +52,7 @@ from .codegen import reference as R
 from .codegen.planner import PlanError, check_shape
 from .codegen.resolve import as_spec
 from .hf_formats import FORMATS, CheckpointError, Format, NotServed
+from .model_shapes import read_json_object
 from .torch import QuantLinear, to_numpy, to_torch
 
 __all__ = ["load_quantized", "LoadReport", "CheckpointError", "PermutedInput"]
@@ -104,15 +104,7 @@ class PermutedInput(nn.Module):
 # --- the directory ---------------------------------------------------------------------------
 
 def _json(path: Path) -> dict:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such file")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not a readable JSON file ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return read_json_object(path, CheckpointError)
 
 
 class _Files:

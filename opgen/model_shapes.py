@@ -38,15 +38,21 @@ def read_config(path: Union[str, Path]) -> Tuple[dict, str]:
     directory holding one; a UserError names the file and what is wrong."""
     p = Path(path)
     f = p / "config.json" if p.is_dir() else p
+    return read_json_object(f, UserError, "give a Hugging Face config.json or a model directory"), str(f)
+
+
+def read_json_object(f: Path, error=UserError, hint: str = "") -> dict:
+    """The JSON object in file f; `error` (a UserError) names the file and
+    what is wrong (hint: what to give instead of a missing file)."""
     if not f.is_file():
-        raise UserError(f"{f}: no such file (give a Hugging Face config.json or a model directory)")
+        raise error(f"{f}: no such file" + (f" ({hint})" if hint else ""))
     try:
-        config = json.loads(f.read_text())
+        data = json.loads(f.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{f}: not a readable JSON file ({e})") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{f}: expected a JSON object, got {type(config).__name__}")
-    return config, str(f)
+        raise error(f"{f}: not a readable JSON file ({e})") from None
+    if not isinstance(data, dict):
+        raise error(f"{f}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _text_config(config: Mapping, source: str) -> Tuple[Mapping, str]:

@@ -71,14 +71,21 @@ def _nbytes(ts) -> int:
     return sum(int(t.numel() * t.element_size()) for t in ts)
 
 
-def _rotating_time(gpu, make_w, make_act, call, Ms, on_result) -> None:
-    """Time call(act_set, w_set) for each M, rotating weight and activation
-    copies; on_result(M, us or None, error or None, n_copies)."""
+def _weights(make_w, Ms, on_result):
+    """make_w(), or None after reporting its error on every M's row."""
     try:
-        w0 = make_w()
+        return make_w()
     except Exception as e:
         for M in Ms:
             on_result(M, None, "weights: " + short_error(e), 0)
+        return None
+
+
+def _rotating_time(gpu, make_w, make_act, call, Ms, on_result) -> None:
+    """Time call(act_set, w_set) for each M, rotating weight and activation
+    copies; on_result(M, us or None, error or None, n_copies)."""
+    w0 = _weights(make_w, Ms, on_result)
+    if w0 is None:
         return
     w_sets = [w0]
     for M in Ms:
@@ -111,11 +118,8 @@ def _graph_time(gpu, make_w, make_act, call, Ms, N: int,
     on_result(M, µs per layer or None, error or None, L)."""
     if not Ms:
         return
-    try:
-        w0 = make_w()
-    except Exception as e:
-        for M in Ms:
-            on_result(M, None, "weights: " + short_error(e), 0)
+    w0 = _weights(make_w, Ms, on_result)
+    if w0 is None:
         return
     w_bytes = _nbytes(w0)
     w_sets = [w0]

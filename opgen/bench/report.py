@@ -27,6 +27,11 @@ def _fmt_pct(x) -> str:
     return "—" if x is None else f"{x:.0f}%"
 
 
+def _verdict(verified) -> str:
+    """A row's check cell: ok, WRONG, or — when it was not checked."""
+    return {True: "ok", False: "WRONG", None: "—"}[verified]
+
+
 def _table(headers: List[str], rows: List[List[str]], align: Optional[str] = None) -> str:
     align = align or "l" * len(headers)
     sep = ["---:" if a == "r" else "---" for a in align]
@@ -50,7 +55,7 @@ def results_table(rows: Sequence[dict]) -> str:
             peer_us = "—"
         opgen = _fmt_us(r.get("opgen_us")) if r.get("opgen_us") is not None else (
             "err" if r.get("error") else "—")
-        check = {True: "ok", False: "WRONG", None: "—"}[r.get("verified")]
+        check = _verdict(r.get("verified"))
         bound = {"memory": " (mem)", "compute": " (mma)"}.get(r.get("bound"), "")
         body.append([r["spec"], f"{r['N']}x{r['K']}", r["M"], opgen, r.get("config") or "—",
                      r.get("source") or "—", _fmt_us(r.get(f"{BASELINE}_us")),
@@ -91,7 +96,7 @@ def graph_table(rows: Sequence[dict]) -> str:
         peer = r.get("relevant_peer")
         peer = peer if peer and peer != BASELINE else None
         gerr = r.get("peer_graph_errors") or {}
-        check = {True: "ok", False: "WRONG", None: "—"}[r.get("graph_verified")]
+        check = _verdict(r.get("graph_verified"))
         body.append([r["spec"], f"{r['N']}x{r['K']}", r["M"], r.get("graph_layers") or "—",
                      _us_or_err(r.get("opgen_graph_us"), r.get("graph_error")),
                      _fmt_us(r.get("opgen_us")), _fmt_x(r.get("graph_x_isolated")),
@@ -144,7 +149,7 @@ def linear_table(rows: Sequence[dict]) -> str:
     body = []
     for r in rows:
         lu = r.get("opgen_linear_us")
-        check = {True: "ok", False: "WRONG", None: "—"}[r.get("linear_verified")]
+        check = _verdict(r.get("linear_verified"))
         body.append([r["spec"], f"{r['N']}x{r['K']}", r["M"],
                      _fmt_us(lu) if lu is not None else "err", _fmt_us(r.get("opgen_us")),
                      _fmt_us(r.get("bminf_w8a8_us")), _fmt_x(r.get("linear_speedup_vs_bminf")),
