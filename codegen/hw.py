@@ -179,7 +179,7 @@ H200 = Calibration(
         # Four 128-deep k-groups of 32 rows and up do not fit. Source: docs/performance.md#rs-gemm
         "magic_int_zero/halves": {(64, 16): 91, (64, 32): 93, (64, 64): 107, (64, 128): 140, (64, 256): 205,
                                   (128, 16): 96, (128, 32): 127, (128, 64): 128, (128, 128): 167},
-        # Decodings not yet run on the device (rs_verified): the most ptxas
+        # The decodings of pairs moved into a word's halves: the most ptxas
         # took over the configs without setmaxnreg, planned with the tables
         # above (none spilled): w2a16_g128 (2-bit pairs), bitnet_b158
         # (ternary, a float32 tensor scale) and bnb_nf4 (the 16-entry table,
@@ -200,8 +200,12 @@ H200 = Calibration(
                                 (128, 16): 95, (128, 32): 95, (128, 64): 110, (128, 128): 146},
         "table_cvt_scale/pairs": {(64, 16): 80, (64, 32): 95, (64, 64): 96, (64, 128): 128, (64, 256): 220},
     },
-    # w4a16_sym and the GPTQ repacked specs (docs/performance.md#rs-gemm).
-    rs_verified=frozenset({"magic/halves/float16", "magic_int_zero/halves/float16"}),
+    # Every config of each against the reference on the H200 at odd M, N, K
+    # (test_kernel.py::test_rs_matches_reference; docs/performance.md#rs-gemm).
+    rs_verified=frozenset({"magic/halves/float16", "magic_int_zero/halves/float16",
+                           "magic/pairs/float16", "magic_cvt_scale/pairs/float16",
+                           "table_cvt_scale/pairs/float16", "magic_float_zero_minus_z/pairs/float16",
+                           "e4m3_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16"}),
 )
 CALIBRATION = {"H200": H200}
 

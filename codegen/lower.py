@@ -14,8 +14,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from .spec import (CONTAINER_BITS, WEIGHT_CODES, Spec, codes_per_container,
-                   weight_code)
+from .spec import (A8_DTYPES, CONTAINER_BITS, SUB_BYTE_INT_DTYPES, WEIGHT_CODES, Spec,
+                   codes_per_container, weight_code)
 
 CUDA_TYPES = {
     "float16": "half", "bfloat16": "__nv_bfloat16", "float32": "float",
@@ -82,6 +82,9 @@ class Numerics:
     bias: bool
     activation: str
     out_dtype: str
+    # 8-bit activations with sub-byte integer codes: the decode widens q - z to
+    # the activation's 8-bit type (no scale: the sums are scaled afterwards).
+    widen: bool = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -121,6 +124,7 @@ def numerics(spec: Spec, fp8_mma: bool = True) -> Numerics:
     code = weight_code(w)
     kind = _FLOAT_KIND.get(w.dtype) or ("fp4" if w.dtype == "fp4_e2m1" else _CODE_KIND[code.kind])
     dense = (w.dtype == mma)
+    widen = mma == a.dtype and a.dtype in A8_DTYPES and w.dtype in SUB_BYTE_INT_DTYPES
     s, z = w.scale, w.zero
     zP = 1
     if z.kind == "int" and z.pack is not None:
@@ -152,6 +156,7 @@ def numerics(spec: Spec, fp8_mma: bool = True) -> Numerics:
         bias=spec.epilogue.bias,
         activation=spec.epilogue.activation,
         out_dtype=spec.out.dtype,
+        widen=widen,
     )
 
 
@@ -236,7 +241,7 @@ def vector(lay: Layout, vbytes: int, byte_pairs: bool = False) -> Vector:
 @dataclass(frozen=True)
 class Decode:
     """How decode_pair turns two codes into compute values (see decode.cuh.j2)."""
-    method: str          # magic | fp4 | e5m2 | e4m3 | table | pair_table | scalar
+    method: str          # magic | fp4 | e5m2 | e4m3 | table | pair_table | scalar | widen
     mask: int
     magic: bool
     magic_base: int = 0
@@ -245,7 +250,8 @@ class Decode:
     magic_hex: str = ""
     sub2_hex: str = ""
     sign_flip_hex: str = ""   # XOR applied to each word first (two's complement codes)
-    sub_value: int = 0        # magic: magic_base + code bias (+ const zero), what one subtract removes
+    sub_value: int = 0        # magic: magic_base + code bias (+ const zero), what one subtract removes;
+                              # widen: the code bias (+ const zero)
 
 
 def _h(x: int) -> str:
@@ -269,18 +275,28 @@ def decode_plan(lay: Layout, num: Numerics, pair_table: bool = False) -> Decode:
     kind = num.code_kind
     f16 = num.compute_t == "half"
     integer = kind in ("uint", "int", "ternary")
+    if integer:
+        # The integer codes' value is c - bias once two's complement codes have
+        # their sign bits flipped (XOR with `sign`); a const zero joins the bias.
+        bias = {"uint": 0, "int": 1 << (bits - 1), "ternary": 1}[kind]
+        bias += num.zero_value if num.zero_kind == "const" else 0
+        sign = 0
+        if kind == "int":
+            for p in range(32 // bits):
+                sign |= 1 << (p * bits + bits - 1)
+    if num.widen:
+        # Each byte lane of codes widened to int8 in place (decode.cuh.j2
+        # widen_words): mask2_hex and sign_flip_hex are one code's mask and
+        # sign bit in every byte.
+        lane_sign = (1 << (bits - 1)) * 0x01010101 if sign else 0
+        return Decode("widen", mask, False, mask2_hex=_h(mask * 0x01010101),
+                      sign_flip_hex=_h(lane_sign) if sign else "", sub_value=bias)
     if integer and bits <= (8 if f16 else 7):
         # code c placed in the low mantissa bits of M=1024 (fp16) / 128 (bf16):
         # bits(M) | c == M + c exactly, so subtracting M + bias recovers the value.
         magic = 0x6400 if f16 else 0x4300
         base = 1024 if f16 else 128
-        bias = {"uint": 0, "int": 1 << (bits - 1), "ternary": 1}[kind]
-        bias += num.zero_value if num.zero_kind == "const" else 0
         sub = _f16_bits(base + bias) if f16 else _bf16_bits(base + bias)
-        sign = 0
-        if kind == "int":
-            for p in range(32 // bits):
-                sign |= 1 << (p * bits + bits - 1)
         return Decode("magic", mask, True, base, _h(mask | mask << 16), _h(magic | magic << 16),
                       f"0x{magic:04X}", _h(sub | sub << 16), _h(sign) if sign else "", base + bias)
     if kind == "fp4" and f16:

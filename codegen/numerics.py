@@ -73,14 +73,29 @@ def bf16_bits_to_f32(bits) -> np.ndarray:
 
 def f32_to_f16(x) -> np.ndarray:
     """float32 -> np.float16 (numpy's and CuPy's casts are round-to-nearest-even;
-    beyond 65520 they overflow to inf, like CUDA's __float2half_rn)."""
+    beyond 65520 they overflow to inf, like CUDA's __float2half_rn). NaNs keep
+    their sign and top payload bits as numpy's cast does (CUDA's writes 0x7FFF
+    for every NaN, measured on the H200)."""
     xp = array_module(x)
-    with np.errstate(over="ignore"):
-        return xp.asarray(x, dtype=np.float32).astype(np.float16)
+    x = xp.asarray(x, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = x.astype(np.float16)
+    u = x.view(np.uint32)
+    c = np.uint32
+    sig = (u & c(0x7FFFFF)) >> c(13)
+    nan = ((u >> c(16)) & c(0x8000)) | c(0x7C00) | xp.where(sig == c(0), c(1), sig)
+    return xp.where(xp.isnan(x), nan.astype(np.uint16).view(np.float16), h)
 
 
 def f16_to_f32(x) -> np.ndarray:
-    return array_module(x).asarray(x, dtype=np.float16).astype(np.float32)
+    """np.float16 -> float32 (exact; NaNs keep sign and payload, as numpy's
+    cast does)."""
+    xp = array_module(x)
+    h = xp.asarray(x, dtype=np.float16)
+    u = h.view(np.uint16).astype(np.uint32)
+    c = np.uint32
+    nan = ((u & c(0x8000)) << c(16)) | c(0x7F800000) | ((u & c(0x3FF)) << c(13))
+    return xp.where(xp.isnan(h), nan.view(np.float32), h.astype(np.float32))
 
 
 def f32_to_f16_bits(x) -> np.ndarray:
@@ -187,8 +202,10 @@ def e8m0_to_f32(e) -> np.ndarray:
     subnormal, still exact), 255 -> NaN."""
     xp = array_module(e)
     e = xp.asarray(e).astype(np.int64)
-    val = xp.ldexp(xp.ones(e.shape, np.float64), e - 127)
-    return xp.where(e == 255, np.nan, val).astype(np.float32)
+    with np.errstate(over="ignore"):             # (code 255: 2^128, replaced below)
+        val = xp.ldexp(xp.ones(e.shape, np.float64), e - 127).astype(np.float32)
+    # The NaN as a float32 (a float64 NaN narrowed on a GPU is 0x7FFFFFFF, numpy's 0x7FC00000)
+    return xp.where(e == 255, np.float32(np.nan), val)
 
 
 def f32_to_e8m0_ceil(x) -> np.ndarray:

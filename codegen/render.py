@@ -102,7 +102,9 @@ def render(spec: Spec, cfg: planner.Config, arch: str, probes: frozenset = froze
     ctx = dict(
         spec_name=spec.name, kernel_name=kernel_name(spec, cfg), c=cfg, g=g, num=num, lay=lay,
         dec=dec, vec=g.get("vec"),
-        epi_wscale=num.dense and num.scale_gran is not None,
+        # Channel / tensor scales of 8-bit products (dense or widened codes) go
+        # to the epilogue; group scales of widened codes to gemm.cu.j2's flush.
+        epi_wscale=(num.dense or num.widen) and num.scale_gran in ("channel", "tensor"),
         magic_pair=functools.partial(_magic_pair, dec, num.compute_t == "half"),
         zero_fold=fold_zero(num, dec, zc["zero_bits"]),
         zero_sub=zero_sub_bits(num, dec, zc["zero_bits"]),

@@ -209,6 +209,13 @@ WEIGHT_CODES = {
 }
 
 
+# Integer codes below 8 bits, ternary included: with 8-bit activations they
+# are widened to the activation type (issue 29), so q - z is an integer the
+# 8-bit product multiplies exactly.
+SUB_BYTE_INT_DTYPES = tuple(d for d, c in WEIGHT_CODES.items()
+                            if c.kind in ("uint", "int", "ternary") and c.bits < 8)
+
+
 def weight_code(w: Weight) -> WeightCode:
     if w.dtype == "codebook":
         return WeightCode(w.bits, "table", tuple(w.codebook))

@@ -33,7 +33,8 @@ from .fields import (
 from .planner.config import shape_problems
 from .spec import (
     A8_DTYPES, CONTAINER_BITS, EXACT_INTS, FINITE_MAX, INT_OUT_DTYPES, INT_ZERO_DTYPES,
-    WEIGHT_CODES, Activation, Epilogue, Output, Pack, Scale, Shape, Spec, Weight, Zero,
+    SUB_BYTE_INT_DTYPES, WEIGHT_CODES, Activation, Epilogue, Output, Pack, Scale, Shape, Spec,
+    Weight, Zero,
 )
 from .yaml_source import BAD, Ctx, PathT, allowed_values, is_int, ok, show
 
@@ -42,11 +43,7 @@ FLOAT_WEIGHT_DTYPES = ("float16", "bfloat16", "float8_e4m3", "float8_e5m2",
                        "nf4", "fp4_e2m1", "codebook", "ternary")
 
 # 8-bit activations take their own 8-bit weights (the W8A8 kernels' rules:
-# a channel or tensor scale or none, no zero point) or integer codes below 8
-# bits, ternary included (issue 29): those are widened to the activation type,
-# so q - z is an integer the 8-bit product multiplies exactly.
-SUB_BYTE_INT_DTYPES = tuple(d for d, c in WEIGHT_CODES.items()
-                            if c.kind in ("uint", "int", "ternary") and c.bits < 8)
+# a channel or tensor scale or none, no zero point) or SUB_BYTE_INT_DTYPES.
 # The integers each 8-bit activation type holds exactly (int8: its range; e4m3,
 # 3 mantissa bits: |x| <= 2^4): every zero point and every q - z of sub-byte
 # weights decoded to it must be one of them.

@@ -27,8 +27,9 @@ opgen.hf_formats):
                       zero points (user specs of its layout)
   mxfp4               gpt-oss: its experts are fused [experts, K, N] parameters, not
                       nn.Linear: dequantized to float (reported)
-  bitnet              HF BitLinear (offline, packed): activations stay in float
-                      (BitLinear quantizes them to int8 per token)
+  bitnet              HF BitLinear (offline, packed): activations quantized to int8
+                      per token as BitLinear does (bitnet_b158_a8), or with
+                      bitnet_activations="float" kept in `dtype` (bitnet_b158)
 
 A quantized layer the kernels cannot run (the alignment rules of
 docs/spec.md, act-order groups of unequal size) holds its dequantized weight
@@ -51,7 +52,7 @@ from torch import nn
 from .codegen import reference as R
 from .codegen.planner import PlanError, check_shape
 from .codegen.resolve import as_spec
-from .hf_formats import FORMATS, CheckpointError, Format, NotServed
+from .hf_formats import BITNET_SPECS, FORMATS, CheckpointError, Format, NotServed
 from .model_shapes import read_json_object
 from .torch import QuantLinear, to_numpy, to_torch
 
@@ -286,11 +287,15 @@ def _experts(fmt: Format, model: nn.Module, files: _Files, report: LoadReport, d
     return used
 
 
-def load_quantized(path: Union[str, Path], device=None, dtype: torch.dtype = torch.float16
-                   ) -> Tuple[nn.Module, LoadReport]:
+def load_quantized(path: Union[str, Path], device=None, dtype: torch.dtype = torch.float16,
+                   bitnet_activations: str = "int8") -> Tuple[nn.Module, LoadReport]:
     """(model, report) of a quantized checkpoint directory (see the module's
     doc): the model in eval mode on `device` (default CPU, where QuantLinear
-    runs the numpy reference), float tensors in `dtype`."""
+    runs the numpy reference), float tensors in `dtype`. bitnet_activations:
+    "int8" (BitNet's own recipe) or "float" (hf_formats.BITNET_SPECS)."""
+    if bitnet_activations not in BITNET_SPECS:
+        raise ValueError(f"bitnet_activations: {bitnet_activations!r}, expected one of "
+                         f"{', '.join(BITNET_SPECS)}")
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"{root}: not a directory (give a checkpoint directory)")
@@ -303,7 +308,8 @@ def load_quantized(path: Union[str, Path], device=None, dtype: torch.dtype = tor
     if method not in FORMATS:
         raise CheckpointError(f"{src}: quantization_config.quant_method: {method!r}; opgen loads "
                               + ", ".join(FORMATS))
-    fmt = FORMATS[method](q, str(src), dtype)
+    fmt = (FORMATS[method](q, str(src), dtype, bitnet_activations) if method == "bitnet"
+           else FORMATS[method](q, str(src), dtype))
     files = _Files(root)
     model = _empty_model(config, str(src), dtype)
     report = LoadReport(fmt.name, notes=list(fmt.notes))

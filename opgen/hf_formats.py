@@ -30,7 +30,7 @@ from .codegen import reference as R
 from .codegen.canonical import spec_to_yaml_dict
 from .codegen.errors import SpecErrors, UserError
 from .codegen.resolve import as_spec
-from .codegen.spec import Spec
+from .codegen.spec import A8_DTYPES, Spec
 from .codegen.storage import decode_storage, encode_codes
 from .codegen.validate import spec_from_dict
 from .torch import to_numpy
@@ -90,7 +90,8 @@ def _user_spec(d: dict, field_: str) -> Spec:
 
 def _variant(base: str, dtype: torch.dtype, src: str, group: Optional[int] = None) -> Spec:
     """A shipped spec with the checkpoint's scale group and the model's
-    activation dtype (bfloat16 models: bfloat16 activations and output)."""
+    activation dtype (bfloat16 models: bfloat16 activations, unless 8-bit,
+    and output)."""
     spec = as_spec(base)
     bf16 = dtype == torch.bfloat16
     if (group is None or group == spec.b.scale.group) and not bf16:
@@ -102,7 +103,9 @@ def _variant(base: str, dtype: torch.dtype, src: str, group: Optional[int] = Non
         name = re.sub(r"_g\d+$", "", base) + f"_g{group}"
         d["description"] = f"{spec.description} With scale group {group} (opgen.hf_formats)."
     if bf16:
-        d["a"]["dtype"] = d["out"]["dtype"] = "bfloat16"
+        d["out"]["dtype"] = "bfloat16"
+        if spec.a.dtype not in A8_DTYPES:      # 8-bit activations stay: the layer quantizes x
+            d["a"]["dtype"] = "bfloat16"
         name += "_bf16"
     d["name"] = name
     return _user_spec(d, f"{src}: quantization_config.group_size")
@@ -351,19 +354,28 @@ def _mxfp4(q: Mapping, src: str, dtype) -> Format:
     return Format("mxfp4 (gpt-oss)", "weight_blocks", convert, expert_suffixes=("_blocks", "_scales"))
 
 
-def _bitnet(q: Mapping, src: str, dtype) -> Format:
+# How BitNet layers take their input (load_quantized's bitnet_activations):
+# int8 per token as BitLinear does (W1.58A8, the authors' recipe), or the
+# model's float dtype (W1.58A16).
+BITNET_SPECS = {"int8": "bitnet_b158_a8", "float": "bitnet_b158"}
+
+
+def _bitnet(q: Mapping, src: str, dtype, activations: str = "int8") -> Format:
     _get(q, "linear_class", src, "bitlinear", allowed=("bitlinear",))
     _get(q, "quantization_mode", src, "offline", allowed=("offline",))
     if q.get("use_rms_norm"):
         raise CheckpointError(f"{src}: quantization_config.use_rms_norm: true; opgen loads BitLinear "
                               f"layers without their own input RMSNorm")
+    base = BITNET_SPECS[activations]
 
     def convert(name, module, st, N, K):
-        spec = _variant("bitnet_b158", dtype, src)
+        spec = _variant(base, dtype, src)
         return Layer(spec, ck.convert("bitnet_hf", _numpy(st), N, K, spec=spec)[1])
-    note = (f"note: BitLinear quantizes its input to int8 per token; on opgen (bitnet_b158) "
-            f"the input stays {str(dtype).replace('torch.', '')}")
-    return Format("bitnet (BitLinear, offline)", "weight_scale", convert, notes=(note,))
+    notes = () if activations == "int8" else (
+        f"note: BitLinear quantizes its input to int8 per token; on opgen ({base}) the input "
+        f"stays {str(dtype).replace('torch.', '')}",)
+    return Format(f"bitnet (BitLinear, offline; {activations} activations)", "weight_scale", convert,
+                  notes=notes)
 
 
 FORMATS = {"gptq": _gptq, "awq": _awq, "bitsandbytes": _bnb,

@@ -126,7 +126,7 @@ def matmul(a: torch.Tensor, qweight: torch.Tensor, scales: Optional[torch.Tensor
     `handle`; arguments in the spec's storage, as MatmulOp takes them."""
     e = _ENTRIES[handle]
     if a.shape[0] == 0:
-        return a.new_empty((0, e.N), dtype=_FLOAT[e.spec.out.dtype])
+        return a.new_empty((0, e.N), dtype=_STORAGE[e.spec.out.dtype])
     if a.is_cuda:
         return e.op()(a, qweight, scales, zeros, bias=bias, a_scale=a_scale)
     tensors = {"qweight": to_numpy(qweight)}
@@ -144,7 +144,7 @@ def matmul(a: torch.Tensor, qweight: torch.Tensor, scales: Optional[torch.Tensor
 def _matmul_fake(a, qweight, scales, zeros, bias, a_scale, handle):
     e = _ENTRIES[handle]
     torch._check(a.shape[1] == e.K, lambda: f"a: expected [M, {e.K}], got {list(a.shape)}")
-    return a.new_empty((a.shape[0], e.N), dtype=_FLOAT[e.spec.out.dtype])
+    return a.new_empty((a.shape[0], e.N), dtype=_STORAGE[e.spec.out.dtype])
 
 
 # --- activation quantization -------------------------------------------------------------

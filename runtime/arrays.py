@@ -70,11 +70,11 @@ def empty_like_kind(kind: str, ref, shape, storage: str):
     if kind == "torch":
         import torch
         dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-              "int8": torch.int8, "float8_e4m3": torch.float8_e4m3fn}[storage]
+              "int8": torch.int8, "float8_e4m3": torch.float8_e4m3fn, "int32": torch.int32}[storage]
         return torch.empty(shape, dtype=dt, device=ref.device)
     import cupy
     dt = {"float16": "float16", "bfloat16": "uint16", "float32": "float32", "int8": "int8",
-          "float8_e4m3": "uint8"}[storage]
+          "float8_e4m3": "uint8", "int32": "int32"}[storage]
     with cupy.cuda.Device(ref.device.id):
         return cupy.empty(shape, dtype=dt)
 

@@ -146,22 +146,36 @@ def base_activation(spec, M0: int, K0: int, seed: int,
 def out_dtype(spec):
     """The numpy dtype an output is stored in (bfloat16 as its bits: neither
     numpy nor cupy has it)."""
-    return {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16}[spec.out.dtype]
+    return {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16,
+            "int32": np.int32}[spec.out.dtype]
+
+
+# An int32 output's poison: the one int32 no exact sum reaches on random data
+# (reference.py refuses sums beyond int32; random codes stay far inside).
+INT32_POISON = np.iinfo(np.int32).min
 
 
 def poison(spec):
-    """A NaN in the output's storage, written everywhere before a launch."""
-    return 0x7FC0 if spec.out.dtype == "bfloat16" else np.nan
+    """A NaN in the output's storage (int32: INT32_POISON), written everywhere
+    before a launch."""
+    return {"bfloat16": 0x7FC0, "int32": INT32_POISON}.get(spec.out.dtype, np.nan)
 
 
 def out_to_f32(spec, host: np.ndarray) -> np.ndarray:
+    """float32 values of an output (int32: rounded as astype does, the poison
+    a NaN: reference.reference_matmul_f32 rounds its exact sums alike)."""
     if spec.out.dtype == "bfloat16":
         return (host.astype(np.uint32) << 16).view(np.float32)
+    if spec.out.dtype == "int32":
+        return np.where(host == INT32_POISON, np.float32(np.nan), host.astype(np.float32))
     return host.astype(np.float32)
 
 
 def nonfinite(spec, out, xp=np) -> int:
-    """How many elements of an output are NaN/Inf (bfloat16: by its bits)."""
+    """How many elements of an output are NaN/Inf (bfloat16: by its bits;
+    int32: the poison left)."""
     if spec.out.dtype == "bfloat16":
         return int(((out & 0x7F80) == 0x7F80).sum())
+    if spec.out.dtype == "int32":
+        return int((out == INT32_POISON).sum())
     return int((~xp.isfinite(out)).sum())

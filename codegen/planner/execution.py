@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from .. import hw
-from ..spec import CONTAINER_BITS, Pack, Spec, Weight, weight_code
+from ..spec import A8_DTYPES, CONTAINER_BITS, SUB_BYTE_INT_DTYPES, Pack, Spec, Weight, weight_code
 from .config import PlanError
 
 
@@ -28,6 +28,15 @@ def interleaved(P: int) -> Tuple[int, ...]:
     return tuple(range(0, P, 2)) + tuple(range(1, P, 2))
 
 
+def byte_lanes(P: int) -> Tuple[int, ...]:
+    """The pack order of P codes in an int32 whose field c*b + j (c = P/4 codes
+    per byte b) holds element 4j + b: one shift and mask by bytes gives four
+    neighbours along k, one per byte, which widen to int8 in place (0, 4, 1, 5,
+    2, 6, 3, 7 for eight 4-bit codes)."""
+    c = P // 4
+    return tuple(4 * (i % c) + i // c for i in range(P))
+
+
 @dataclass(frozen=True)
 class ExecutionLayout:
     """Where one arch's kernels want the weight.
@@ -36,28 +45,34 @@ class ExecutionLayout:
     GEMV's coalesced walk along k and the TMA/rs GEMM's weight-row boxes.
     pack_k: sub-byte codes packed along k (each thread decodes codes of one
     row). int4_pack: the container and order of 4-bit integer codes (the rs
-    GEMM reads exactly this; other codes keep their container and order)."""
+    GEMM reads exactly this; other codes keep their container and order).
+    byte_lanes: with 8-bit activations, sub-byte integer codes as int32 words
+    in the byte_lanes order (the GEMM widens them to the 8-bit type)."""
     rows_n: bool
     pack_k: bool
     int4_pack: Optional[Pack]
+    byte_lanes: bool
 
 
 # Rows along n, codes packed along k, 4-bit integer codes as int32 words in
 # the interleaved order: what the rs GEMM (sm_90a) reads, and the pairs the
 # magic-number decode of the row GEMV and of the mma.sync GEMM take whole.
-ROWS_K_PAIRS = ExecutionLayout(True, True, Pack("int32", "k", interleaved(8)))
+# With 8-bit activations: their codes by byte lanes.
+ROWS_K_PAIRS = ExecutionLayout(True, True, Pack("int32", "k", interleaved(8)), byte_lanes=True)
 LAYOUTS = {arch: ROWS_K_PAIRS for arch in hw.ARCHS}
 
 EXECUTION_SUFFIX = "_exec"
 
 
-def _target(w: Weight, lay: ExecutionLayout) -> Weight:
-    """w stored as `lay` says (the meaning kept)."""
+def _target(w: Weight, a_dtype: str, lay: ExecutionLayout) -> Weight:
+    """w stored as `lay` says (the meaning kept) for activations of a_dtype."""
     t = dataclasses.replace(w, layout="nt" if lay.rows_n else w.layout)
     if w.pack is None:
         return t
     code = weight_code(w)
-    if lay.int4_pack is not None and code.bits == 4 and code.kind in ("uint", "int"):
+    if lay.byte_lanes and a_dtype in A8_DTYPES and w.dtype in SUB_BYTE_INT_DTYPES:
+        pack = Pack("int32", "k", byte_lanes(32 // code.bits))
+    elif lay.int4_pack is not None and code.bits == 4 and code.kind in ("uint", "int"):
         pack = lay.int4_pack
     else:
         pack = dataclasses.replace(w.pack, axis="k" if lay.pack_k else w.pack.axis, planes=False)
@@ -83,7 +98,7 @@ def execution_spec(spec: Spec, arch: str) -> Spec:
     lay = LAYOUTS.get(arch)
     if lay is None:
         raise PlanError(f"no execution layout for {arch} (known: {', '.join(LAYOUTS)})")
-    w = _target(spec.b, lay)
+    w = _target(spec.b, spec.a.dtype, lay)
     if w == spec.b:
         return spec
     return dataclasses.replace(

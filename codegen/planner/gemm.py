@@ -8,8 +8,9 @@ from typing import Dict
 
 from .. import hw
 from ..lower import Layout, Numerics
-from ..spec import Spec
+from ..spec import INT_OUT_DTYPES, Spec
 from .config import Config, PlanError
+from .execution import byte_lanes
 from .launch import Axis, Family, GridRule
 from .tiles import STATIC_SMEM_RESERVE, decoded_tile, k_major
 
@@ -27,6 +28,15 @@ def check_wgmma(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, ce: int) ->
         raise PlanError("wgmma reads A as stored: no widened fp8 activations")
     if not k_major(lay):
         raise PlanError("wgmma here takes K-major weights (decoded or stored [N, K])")
+
+
+def check_byte_lanes(lay: Layout) -> None:
+    """What widening codes to int8 needs: int32 words of codes along k in the
+    byte-lanes order (the execution layout: planner.execution.byte_lanes)."""
+    if not (lay.row_axis == "n" and lay.pack_axis == "k" and lay.elem_bytes == 4
+            and lay.order == byte_lanes(lay.P)):
+        raise PlanError("8-bit activations read sub-byte codes as int32 words along k in the "
+                        "byte-lanes order: run the execution spec (planner.execution_spec)")
 
 
 def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
@@ -57,11 +67,22 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
         b_stage = g["b_rows"] * g["b_rowb"]
         bs = 0
     else:
-        if ce != 2:
+        if ce != 2 and not num.widen:
             raise PlanError("decoded weights need float16/bfloat16 activations")
-        g.update(decoded_tile(lay, num, BN, BK, k_major(lay)))
+        if num.widen:
+            check_byte_lanes(lay)
+        g.update(decoded_tile(lay, num, BN, BK, k_major(lay), ce))
         b_stage = g["b_rows"] * g["b_rowb"]
         bs = 2 * g["bs_rows"] * g["bs_rowb"]     # decoded tiles, double-buffered
+    # Group scales of widened codes: each group's integer sums are scaled into
+    # a second (fp32) accumulator when its last k-tile is done.
+    flush = num.widen and num.scale_gran == "group"
+    if flush and num.group % BK:
+        raise PlanError(f"group scales of 8-bit products need whole k-tiles per group "
+                        f"(BK {BK} does not divide {num.group})")
+    int_out = spec.out.dtype in INT_OUT_DTYPES
+    if int_out and cfg.split_k != 1:
+        raise PlanError(f"split-K sums in fp32: no {spec.out.dtype} output")
     # Stages the pipeline needs (gemm.cu.j2): one more for a decoded tile, one
     # more for the wgmma group kept in flight.
     inflight = int(cfg.wgmma and num.dense)
@@ -87,9 +108,19 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
         acc_regs = (WM // 16) * (WN // 8) * 4
         # fp8 mma.sync on sm_90 runs as two f16 HMMAs plus conversions: fewer accumulators.
         most = 32 if num.mma == "float8_e4m3" else 64
-    if acc_regs > most:
-        raise PlanError(f"{acc_regs} accumulator registers per thread")
-    g.update(smem=smem, grid_tiles=(BN, BM), wgmma=cfg.wgmma, inflight=inflight)
+    if acc_regs * (1 + flush) > most:
+        raise PlanError(f"{acc_regs * (1 + flush)} accumulator registers per thread")
+    if num.widen and cfg.min_blocks > 1 and acc_regs > 32:
+        # ptxas: 64 accumulators and the widening decode spill 8-16 bytes under
+        # two blocks' 128-register cap (tests/codegen/test_compiler.py).
+        raise PlanError("widened codes: two resident blocks leave too few registers for "
+                        f"{acc_regs} accumulators")
+    if num.widen and cfg.wgmma and cfg.split_k > 1 and acc_regs > 64:
+        # ptxas: 128 accumulators, the split-K reduction and 2-bit codes'
+        # widening spill 8 bytes at 255 registers (the same test).
+        raise PlanError(f"widened codes: split-K of {acc_regs} wgmma accumulators per thread")
+    g.update(smem=smem, grid_tiles=(BN, BM), wgmma=cfg.wgmma, inflight=inflight, flush=flush,
+             int_out=int_out)
     return g
 
 

@@ -32,23 +32,24 @@ def family_of(cfg: Config) -> Family:
 def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     """Template constants for (spec, cfg, arch), or PlanError saying why not.
     A predecode config's: its dense GEMM's, marked predecode."""
-    # 8-bit activations run only on the W8A8 kernels (their own 8-bit weights,
-    # a float output). The language also takes them with sub-byte weights and
-    # an int32 output (docs/spec.md); issue 29's kernels (codes widened to
-    # int8 / e4m3 in registers, scales per k-group) lift this refusal.
+    a = hw.arch(arch)
+    num = numerics(spec, fp8_mma=a.fp8_mma)
     if spec.a.dtype in A8_DTYPES and spec.b is not None and spec.b.dtype != spec.a.dtype:
-        raise PlanError(f"no kernel family serves {spec.a.dtype} activations with sub-byte "
-                        f"weights ({spec.b.dtype}) yet")
-    if spec.out.dtype in INT_OUT_DTYPES:
-        raise PlanError(f"no kernel family writes an {spec.out.dtype} output (the raw "
-                        f"accumulator) yet")
+        # Sub-byte codes with 8-bit activations: the cp.async GEMM widens
+        # them to int8 in registers (gemm.cu.j2); fp8 widening is not built.
+        if not num.widen or num.mma != "int8":
+            raise PlanError(f"no kernel family serves {spec.a.dtype} activations with sub-byte "
+                            f"weights ({spec.b.dtype}) yet")
+        if family_of(cfg) is not FAMILIES["gemm"] or cfg.predecode:
+            raise PlanError("8-bit activations with sub-byte weights run on the cp.async GEMM only")
+    if spec.out.dtype in INT_OUT_DTYPES and (family_of(cfg) is not FAMILIES["gemm"] or cfg.predecode):
+        raise PlanError(f"only the cp.async GEMM writes an {spec.out.dtype} output (the raw "
+                        f"accumulator)")
     w = spec.b
     if w is not None and ((w.pack and w.pack.planes) or (w.zero.pack and w.zero.pack.planes)):
         # No kernel reads planes: opgen.load and build run the execution spec.
         raise PlanError(f"{spec.name}: no kernel reads codes packed in planes; its execution "
                         f"spec (planner.execution_spec) holds them packed in runs")
-    a = hw.arch(arch)
-    num = numerics(spec, fp8_mma=a.fp8_mma)
     mma = hw.MMAS[num.mma]
     if mma.min_cc > a.cc:
         raise PlanError(f"{num.mma} activations need sm_{mma.min_cc}+ tensor cores (target {arch})")

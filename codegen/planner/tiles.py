@@ -34,10 +34,12 @@ def k_major(lay: Layout) -> bool:
     return lay.pack_axis == "k" or (lay.pack_axis is None and lay.row_axis == "n")
 
 
-def decoded_tile(lay: Layout, num: Numerics, BN: int, BK: int, kmajor: bool) -> Dict:
+def decoded_tile(lay: Layout, num: Numerics, BN: int, BK: int, kmajor: bool, ce: int = 2) -> Dict:
     """A BN x BK tile of stored weight words (b_rows x b_rowb bytes, copied in
-    b_chunk pieces) and the swizzled compute tile it decodes into (bs_rows x
-    bs_rowb bytes; K-major: BN rows of BK elements), vector by vector."""
+    b_chunk pieces) and the swizzled compute tile of ce-byte elements it
+    decodes into (bs_rows x bs_rowb bytes; K-major: BN rows of BK elements),
+    vector by vector. Widened codes (num.widen) store whole words of the
+    compute tile, not `stores`."""
     extent = {"n": BN, "k": BK}
     rows = extent[lay.row_axis] // lay.row_div
     rowb = extent[lay.col_axis] // lay.col_div * lay.elem_bytes
@@ -51,11 +53,12 @@ def decoded_tile(lay: Layout, num: Numerics, BN: int, BK: int, kmajor: bool) -> 
                         f"and one {BN}x{BK} tile" if group else
                         f"no 4/8/16-byte weight vector fits one {BN}x{BK} tile")
     vec = vector(lay, vb)
-    bs_rows, bs_rowb = (BN, BK * 2) if kmajor else (BK, BN * 2)
+    bs_rows, bs_rowb = (BN, BK * ce) if kmajor else (BK, BN * ce)
     if bs_rowb % 128:
         raise PlanError("decoded tile rows must be a multiple of 128 bytes")
     return dict(b_kmajor=kmajor, b_rows=rows, b_rowb=rowb, b_chunk=chunk,
-                bs_rows=bs_rows, bs_rowb=bs_rowb, vec=vec, stores=stores(vec, kmajor))
+                bs_rows=bs_rows, bs_rowb=bs_rowb, vec=vec,
+                stores=[] if num.widen else stores(vec, kmajor))
 
 
 def stores(vec: Vector, kmajor: bool) -> List[dict]:

@@ -16,6 +16,7 @@ from opgen.codegen import planner, render
 from opgen.codegen.resolve import load_spec, shipped_specs
 from opgen.codegen.spec import weight_code
 from opgen.codegen import compiler
+from opgen.codegen.lower import numerics
 from opgen.codegen.validate import spec_from_dict
 from strategies import runnable_shape, valid_spec_dicts
 
@@ -175,6 +176,40 @@ def test_rs_gemm_sass_and_resources(name, kernel):
     # cap lets it, it may take more: the table is what the warp producer
     # may cap it at without spills, checked above)
     assert all(n <= table[key] for key, n in least.items()), least
+
+
+A8_SPECS = [n for n in SPECS if spec(n).op == "matmul" and numerics(spec(n)).widen]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", A8_SPECS)
+def test_widened_codes_every_config(name):
+    """8-bit activations with sub-byte codes widened to int8 in registers:
+    each kind of config the tuner may time (M = 16, 256, 4096; every tile in
+    its deepest ring, unsplit and most split) compiles with no spills or
+    local memory, the int8 tensor-core op (IMMA / IGMMA) and cp.async in the
+    SASS, and no serialized wgmma (the group flush reads the accumulators
+    only after wgmma.wait_group 0). (sm_80: the default picks,
+    test_default_sass_and_resources.)"""
+    s = spec(name)
+    cands = {c for M in (16, 256, 4096) for c in planner.candidates(s, "sm_90", M, 8192, 8192)}
+    assert len(cands) >= 10 and all(c.family == "gemm" and not c.tma for c in cands)
+    kinds = {}
+    for c in cands:
+        kinds.setdefault((c.BM, c.BN, c.BK, c.WM, c.WN, c.wgmma, c.min_blocks), []).append(c)
+    cfgs = {max(cs, key=lambda c: (c.split_k == 1, c.stages)) for cs in kinds.values()} | \
+           {max(cs, key=lambda c: (c.split_k, c.stages)) for cs in kinds.values()}
+    arch = "sm_90"
+    for cfg in sorted(cfgs, key=lambda c: c.name):
+        c = compiler.compile_kernel(s, cfg, arch)
+        assert c.resources["spill_bytes"] == 0 and c.resources["stack"] == 0, f"{cfg.name}: {c.resources}"
+        assert "C7513" not in c.log and "C7514" not in c.log, f"{cfg.name}: wgmma serialized"
+        if compiler.find_nvdisasm() is None:
+            pytest.skip("nvdisasm not installed (extra 'sass')")
+        sass = compiler.disassemble(c.cubin)
+        for op in _sass_ops(cfg, "int8"):
+            assert re.search(rf"\b{op}\b", sass), f"{cfg.name}: no {op} in SASS"
+        assert not re.search(r"\b(LDL|STL)\b", sass), f"{cfg.name}: local memory in SASS"
 
 
 @pytest.mark.parametrize("name", ["bnb_nf4", "mxfp4"])

@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 from opgen.cli import main
 from opgen.codegen import planner
 from opgen.codegen.resolve import load_spec, shipped_specs
+from a8_examples import A8_PATHS
 from opgen.codegen.yaml_source import MAX_SPEC_BYTES
 
 CHECK_SECONDS = 2.0             # the bound on one `opgen check` of a file up to 1 MB (CPU)
@@ -51,8 +52,7 @@ def _settings(ci_examples: int):
 
 
 # the shipped specs and the examples of 8-bit activations with sub-byte weights
-A8_SPECS = {p.stem: p for p in (Path(__file__).parent / "a8_specs").glob("*.yaml")}
-SPECS = {name: path.read_text() for name, path in {**shipped_specs(), **A8_SPECS}.items()}
+SPECS = {name: path.read_text() for name, path in {**shipped_specs(), **A8_PATHS}.items()}
 DATA = {name: yaml.safe_load(text) for name, text in SPECS.items()}
 MATMUL = sorted(n for n, d in DATA.items() if d["op"] == "matmul")
 OUTCOMES = Counter()

@@ -25,6 +25,7 @@ from opgen.codegen.spec import (WEIGHT_CODES, Activation, Epilogue, Output, Pack
 from opgen.codegen.resolve import load_spec
 from opgen.codegen.storage import decode_storage
 from weight_strategies import SETTINGS, weights
+from a8_examples import A8_PATHS
 
 
 # --- the matmul -------------------------------------------------------------------------
@@ -159,14 +160,29 @@ def test_quantize_activation_fp8_and_bf16_input():
 
 # --- 8-bit activations with sub-byte weights (issue 29), against int64 numpy ------------------
 
-A8 = {p.stem: load_spec(p) for p in (Path(__file__).parent / "a8_specs").glob("*.yaml")}
+A8 = {n: load_spec(p) for n, p in A8_PATHS.items()}
 
 
-def _pack_nibbles(x: np.ndarray) -> np.ndarray:
-    """[R, C] 4-bit codes -> [R, C/8] int32 words, element j of each run of 8
-    in bits 4j..4j+3 (the example specs' order 0..7)."""
-    u = (x.astype(np.int64) & 15).reshape(x.shape[0], -1, 8)
-    return (u << (4 * np.arange(8))).sum(axis=-1).astype(np.uint32).view(np.int32)
+def _pack(x: np.ndarray, bits: int, order) -> np.ndarray:
+    """[R, C] codes -> [R, C/P] int32 words (P = 32 / bits): field i of each
+    word holds element order[i] of its run of P (docs/spec.md)."""
+    P = 32 // bits
+    u = (x.astype(np.int64) & ((1 << bits) - 1)).reshape(x.shape[0], -1, P)[..., list(order)]
+    return (u << (bits * np.arange(P))).sum(axis=-1).astype(np.uint32).view(np.int32)
+
+
+def _unpack(w: np.ndarray, bits: int, order) -> np.ndarray:
+    """The inverse of _pack: [R, C/P] int32 words -> [R, C] codes >= 0."""
+    P = 32 // bits
+    fields = (w.astype(np.int64)[..., None] >> (bits * np.arange(P))) & ((1 << bits) - 1)
+    out = np.empty_like(fields)
+    out[..., list(order)] = fields
+    return out.reshape(w.shape[0], -1)
+
+
+def _pack_nibbles(x: np.ndarray, spec=None) -> np.ndarray:
+    """4-bit codes packed as spec's weight (None: the natural order 0..7)."""
+    return _pack(x, 4, spec.b.pack.order if spec else range(8))
 
 
 @pytest.mark.parametrize("M,N,K", [(3, 24, 96), (1, 8, 32), (7, 40, 160), (5, 16, 4096)])
@@ -179,7 +195,7 @@ def test_int32_output_is_the_exact_int64_sum(M, N, K):
     a = rng.integers(-128, 128, size=(M, K)).astype(np.int8)
     a[0] = -128                                   # the extremes: every product +-1024 or 896
     q[0] = -8
-    t = {"qweight": _pack_nibbles(q)}
+    t = {"qweight": _pack_nibbles(q, spec)}
     want = a.astype(np.int64) @ q.T
     got = reference_matmul(spec, a, t)
     assert got.dtype == np.int32 and got.shape == (M, N)
@@ -195,7 +211,7 @@ def test_int32_output_beyond_int32_is_an_error_not_a_wrap():
     spec = A8["int8_int4_int32"]
     K = 1 << 21
     a = np.full((1, K), -128, np.int8)
-    t = {"qweight": _pack_nibbles(np.full((1, K), -8))}
+    t = {"qweight": _pack_nibbles(np.full((1, K), -8), spec)}
     with pytest.raises(ValueError, match="int32 output overflows"):
         reference_matmul(spec, a, t)
     a[0, :32] = 0                                  # 2^31 - 32768: fits, exactly
@@ -212,7 +228,7 @@ def test_group_scales_apply_per_group_to_exact_partial_sums(M, N, K):
     q = rng.integers(0, 16, size=(N, K))
     z = rng.integers(0, 16, size=(G, N))
     s = (rng.uniform(0.5, 1.5, size=(G, N)) / 64).astype(np.float16)
-    t = {"qweight": _pack_nibbles(q), "scales": s, "zeros": _pack_nibbles(z)}
+    t = {"qweight": _pack_nibbles(q, spec), "scales": s, "zeros": _pack_nibbles(z)}
     a, a_scale = random_activation(spec, M, K, rng)
     acc = np.zeros((M, N))
     for g in range(G):
@@ -239,7 +255,7 @@ def test_bitnet_a8_is_absmean_ternary_times_absmax_int8():
     t = quantize(spec, w_real)
     s = np.float32(np.abs(w_real.astype(np.float64)).mean())
     assert t["scales"].tolist() == [s]
-    codes = np.stack([(t["qweight"] >> (2 * i)) & 3 for i in range(4)], axis=-1).reshape(N, K)
+    codes = _unpack(t["qweight"], 2, spec.b.pack.order)
     tern = codes.astype(np.int64) - 1
     assert np.array_equal(tern, np.clip(np.rint(w_real / s), -1, 1))
     a, a_scale = quantize_activation(spec, x)
@@ -260,7 +276,7 @@ def test_fp8_activations_with_4_bit_weights():
     M, N, K = 3, 24, 256
     q = rng.integers(0, 16, size=(N, K))
     s = nx.f32_to_bf16_bits(rng.uniform(0.5, 1.5, size=(N, K // 128)).astype(np.float32) / 64)
-    t = {"qweight": _pack_nibbles(q), "scales": s}
+    t = {"qweight": _pack_nibbles(q, spec), "scales": s}
     a, a_scale = random_activation(spec, M, K, rng)
     av = nx.fp8_e4m3_to_f32(a).astype(np.float64)
     sv = nx.bf16_bits_to_f32(s).astype(np.float64)

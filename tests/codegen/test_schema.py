@@ -3,7 +3,7 @@
 shipped spec and every valid generated spec accepted, and what the field
 table refuses refused (unknown keys, values outside an enumeration or a
 bound, the rules on one field: op, zero kind, codebook); the example specs
-of 8-bit activations with sub-byte weights (tests/codegen/a8_specs) too."""
+of 8-bit activations with sub-byte weights (tests/a8_examples.py) too."""
 import copy
 import json
 from pathlib import Path
@@ -19,6 +19,7 @@ from opgen.codegen.fields import MAPPINGS
 from opgen.codegen.planner.config import SIZE_LIMIT
 from opgen.codegen.resolve import load_spec, shipped_specs
 from opgen.codegen.validate import spec_from_dict
+from a8_examples import A8_PATHS
 from strategies import valid_spec_dicts
 
 VALIDATOR = jsonschema.Draft202012Validator(schema.spec_schema())
@@ -120,8 +121,7 @@ def test_zero_bounds_are_the_widest_the_validator_allows():
     assert set(props) == set(MAPPINGS["zero"])
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).parent / "a8_specs").glob("*.yaml")),
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(A8_PATHS.values()), ids=lambda p: p.stem)
 def test_the_a8_example_specs_validate(path):
     """8-bit activations with sub-byte weights, the int32 output: the
     example specs of issue 29, in the file and in canonical form."""
@@ -142,7 +142,7 @@ def test_int32_is_a_matmul_output_only():
 def test_zero_bounds_take_in_the_8_bit_activations():
     """The widest ranges include those of sub-byte weights decoded to int8 / e4m3."""
     props = schema.spec_schema()["$defs"]["zero"]["properties"]
-    d = spec_to_yaml_dict(load_spec(Path(__file__).parent / "a8_specs" / "w4a8_int8.yaml"))
+    d = spec_to_yaml_dict(load_spec("w4a8_int8"))
     for v in (-112, 128):                       # validate.zero_range's ends for int8 x uint4
         d["b"]["zero"]["value"] = v
         spec_from_dict(d)

@@ -11,9 +11,9 @@ from opgen.codegen.random_data import random_weight_tensors
 from opgen.codegen import spec as S
 from opgen.codegen.spec import stored_shapes
 from opgen.codegen.resolve import load_spec, shipped_specs
+from a8_examples import A8_PATHS
 
-PATHS = {**shipped_specs(),
-         **{p.stem: p for p in (Path(__file__).parent / "a8_specs").glob("*.yaml")}}
+PATHS = {**shipped_specs(), **A8_PATHS}
 MATMUL = sorted(n for n, p in PATHS.items() if load_spec(p).op == "matmul")
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from opgen.codegen.resolve import load_spec
 from opgen.codegen.spec import Activation, Output, Scale, Spec, Weight
 from opgen.codegen.tolerance import BENCH_FACTOR, tolerance
+from a8_examples import A8_PATHS
 
 SPEC = Spec(name="w4a16_fake", op="matmul", a=Activation("float16"),
             b=Weight("uint4", scale=Scale("float16", "group", 128)), out=Output("float16"))
@@ -31,7 +32,7 @@ def test_int8_activations_allow_fp16_rounding_and_the_bench_only_clear_faults():
     assert BENCH_FACTOR > 1
 
 
-A8 = {p.stem: load_spec(p) for p in (Path(__file__).parent / "a8_specs").glob("*.yaml")}
+A8 = {n: load_spec(p) for n, p in A8_PATHS.items()}
 
 
 def test_an_int32_output_is_exact():

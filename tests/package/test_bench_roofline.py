@@ -54,7 +54,7 @@ def test_bytes_match_the_reference_arrays(name):
     w = random_weight_tensors(s, N, K, np.random.default_rng(0))
     assert roofline.storage_bytes(s, N, K) == {k: v.nbytes for k, v in w.items()}
     a, a_scale = random_activation(s, M, K, np.random.default_rng(1))
-    out_b = {"float16": 2, "bfloat16": 2, "float32": 4}[s.out.dtype]
+    out_b = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4}[s.out.dtype]
     extra = 0 if a_scale is None else a_scale.nbytes
     assert roofline.bytes_moved(s, M, N, K) == sum(v.nbytes for v in w.values()) + a.nbytes + extra \
         + M * N * out_b

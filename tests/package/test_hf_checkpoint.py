@@ -138,11 +138,11 @@ def served_weight(mod: nn.Module) -> np.ndarray:
     return mod.weight.detach().float().numpy()
 
 
-def check_load(path, config, lib, dtype=torch.float32, rtol=0.0, tol=2e-2):
-    """Load; each quantized layer's weights == the library's (rtol: the
-    library rounds them); logits match a float model holding the library's
-    weights. Returns (model, report)."""
-    model, report = hc.load_quantized(path, dtype=dtype)
+def check_load(path, config, lib, dtype=torch.float32, rtol=0.0, tol=2e-2, **kw):
+    """Load (kw: load_quantized's options); each quantized layer's weights ==
+    the library's (rtol: the library rounds them); logits match a float model
+    holding the library's weights. Returns (model, report)."""
+    model, report = hc.load_quantized(path, dtype=dtype, **kw)
     for name, want in lib.items():
         got = served_weight(model.get_submodule(name))
         np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
@@ -491,9 +491,11 @@ def test_gpt_oss_mxfp4_experts(tmp_path):
         assert torch.allclose(loaded(ids).logits, ref(ids).logits, rtol=1e-4, atol=1e-5)
 
 
-def test_bitnet(tmp_path):
+@pytest.mark.parametrize("activations", ["int8", "float"])
+def test_bitnet(tmp_path, activations):
     """HF BitNet (BitLinear, offline): ternary weights packed by transformers'
-    pack_weights, weight_scale dividing; served by bitnet_b158."""
+    pack_weights, weight_scale dividing; served by bitnet_b158_a8 (int8
+    activations per token, as BitLinear runs them) or bitnet_b158."""
     from transformers.integrations.bitnet import pack_weights
     config = transformers.BitNetConfig(
         hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
@@ -506,9 +508,10 @@ def test_bitnet(tmp_path):
         return ({"weight": pack_weights(t.clone()), "weight_scale": scale},
                 (t.float() / scale.float()).numpy())
     lib = quantized_checkpoint(tmp_path, config, transformers.BitNetQuantConfig().to_dict(), layer)
-    _, report = check_load(tmp_path, config, lib)
-    assert set(report.served.values()) == {"bitnet_b158"} and len(report.served) == 7
-    assert "BitLinear quantizes its input to int8 per token" in str(report)
+    _, report = check_load(tmp_path, config, lib, bitnet_activations=activations)
+    spec = {"int8": "bitnet_b158_a8", "float": "bitnet_b158"}[activations]
+    assert set(report.served.values()) == {spec} and len(report.served) == 7
+    assert ("BitLinear quantizes its input to int8 per token" in str(report)) == (activations == "float")
 
 
 # --- on the GPU: the generated kernels --------------------------------------------------------

@@ -1,5 +1,7 @@
 """planner/heuristic.py: the picks without tuning, as the measured winners
 had them."""
+import dataclasses
+
 import pytest
 
 from opgen.codegen import hw, planner
@@ -20,11 +22,13 @@ def test_heuristic_takes_tma_like_the_tuned_winners():
     assert not planner.heuristic(spec("w8a8_int8"), "sm_80", 64, 8192, 8192).tma
 
 
-def test_heuristic_takes_tall_tiles_for_decoded_weights():
-    """Decoded weights on wgmma above M = 64: 128-row tiles despite padding
+def test_heuristic_takes_tall_tiles_for_decoded_weights(monkeypatch):
+    """Decoded weights on the cp.async wgmma GEMM above M = 64 (where the rs
+    GEMM is not the pick: here taken out): 128-row tiles despite padding
     (each m-tile decodes the weights again), 256 wide once they fill most of a
     wave, as the tuned winners of the 129-256 bucket had them
     (docs/performance.md#gemm)."""
+    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, rs_verified=frozenset()))
     for name, M, N, want in (("mxfp4", 256, 8192, (128, 128)),
                              ("bnb_nf4", 192, 6144, (128, 128)),
                              ("bnb_nf4", 256, 28672, (128, 256)),
@@ -55,11 +59,13 @@ def test_heuristic_takes_the_rs_gemm_above_16_rows():
 
 
 @pytest.mark.parametrize("name,start", [("awq_w4a16_g128", 256), ("gptq_v2_w4a16_g128", 256),
-                                        ("w1a16_g128", 256), ("bnb_nf4", 512),
+                                        ("w1a16_g128", 2048), ("bnb_nf4", 2048), ("mxfp4", 2048),
                                         ("w4a16_sym_g128", 2048), ("gptq_v2_w4a16_g128_repacked", 2048)])
 def test_predecode_from(name, start):
-    """The measured thresholds (docs/performance.md#predecode): no fused wgmma (AWQ) or per-group zero points from 256, the rs
-    GEMM's specs from 2048, the rest from 512."""
+    """The measured thresholds (docs/performance.md#predecode): no fused wgmma
+    (AWQ, GPTQ as stored) or per-group zero points from 256, the rs GEMM's
+    specs from 2048 (every float16 decoding since they all ran on the
+    device), the rest from 512."""
     s = spec(name)
     assert planner.predecode_from(s, planner.candidates(s, "sm_90", 1024, 8192, 8192), "sm_90") == start
 

@@ -84,17 +84,27 @@ def test_rs_gemm_rules():
         planner.geometry(gq, dataclasses.replace(c, BM=32, WN=32, BK=128, kgroups=4), "sm_90")
 
 
+def _bf16(s):
+    """s with bfloat16 activations and output."""
+    return dataclasses.replace(s, name=s.name + "_bf16", a=dataclasses.replace(s.a, dtype="bfloat16"),
+                               out=dataclasses.replace(s.out, dtype="bfloat16"))
+
+
 def test_pairs_of_other_layouts():
     """Layouts other than the interleaved 4-bit one: each lane's pair moved
     into a word's halves (lower.rs_pairs), the scales converted where they
-    are not the activations' type; the heuristic picks only the decodings
-    run on the device (hw.H200.rs_verified), the tuner times all."""
+    are not the activations' type; each ran on the device
+    (hw.H200.rs_verified), so the heuristic picks them as the 4-bit ones;
+    with bf16 activations not (not run there), the tuner times them."""
     c = planner.Config("gemm", 64, 64, 64, 64, 64, 8, 1, wgmma=True, tma=True, rs=True, kgroups=2)
     for name, words in (("w2a16_g128", 4), ("bitnet_b158", 4), ("bnb_nf4", 8)):
         g = planner.geometry(spec(name), c, "sm_90")
         assert not g["interleaved4"] and g["words"] == words and g["b_rowb"] == 4 * words
-        assert planner.rs.kernel_class(spec(name), "sm_90") not in hw.H200.rs_verified
-        assert planner.family_of(planner.heuristic(spec(name), "sm_90", 64, 8192, 8192)).name != "rs"
+        assert planner.rs.kernel_class(spec(name), "sm_90") in hw.H200.rs_verified
+        assert planner.family_of(planner.heuristic(spec(name), "sm_90", 64, 8192, 8192)).name == "rs"
+        bf16 = _bf16(spec(name))
+        assert planner.rs.kernel_class(bf16, "sm_90") not in hw.H200.rs_verified
+        assert planner.family_of(planner.heuristic(bf16, "sm_90", 64, 8192, 8192)).name != "rs"
     nf4 = planner.geometry(spec("bnb_nf4"), c, "sm_90")["pairs"]
     # element 2j sits in the high nibble of byte j: lane q's pair at bits 8q + 4 and 8q
     assert (nf4[0][0].word, nf4[0][0].shift, nf4[0][0].step, nf4[0][0].gap) == (0, 4, 8, -4)
