@@ -1,9 +1,6 @@
-"""The specs of 8-bit activations with sub-byte weights (issue 29), by name:
-the shipped ones (specs/) and the examples in tests/codegen/a8_specs (valid
-specs no kernel family serves yet), as paths. Test modules import this as
+"""The shipped specs of 8-bit activations with sub-byte weights (issue 29),
+by name, as paths. Test modules import this as
 `from a8_examples import A8_PATHS` (tests/ is on sys.path: conftest.py)."""
-from pathlib import Path
-
 from opgen.codegen.resolve import load_spec, shipped_specs
 from opgen.codegen.spec import A8_DTYPES, SUB_BYTE_INT_DTYPES
 
@@ -13,5 +10,4 @@ def _a8(path) -> bool:
     return s.op == "matmul" and s.a.dtype in A8_DTYPES and s.b.dtype in SUB_BYTE_INT_DTYPES
 
 
-A8_PATHS = {**{n: p for n, p in shipped_specs().items() if _a8(p)},
-            **{p.stem: p for p in (Path(__file__).parent / "codegen" / "a8_specs").glob("*.yaml")}}
+A8_PATHS = {n: p for n, p in shipped_specs().items() if _a8(p)}

@@ -35,11 +35,9 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     a = hw.arch(arch)
     num = numerics(spec, fp8_mma=a.fp8_mma)
     if spec.a.dtype in A8_DTYPES and spec.b is not None and spec.b.dtype != spec.a.dtype:
-        # Sub-byte codes with 8-bit activations: the cp.async GEMM widens
-        # them to int8 in registers (gemm.cu.j2); fp8 widening is not built.
-        if not num.widen or num.mma != "int8":
-            raise PlanError(f"no kernel family serves {spec.a.dtype} activations with sub-byte "
-                            f"weights ({spec.b.dtype}) yet")
+        # Sub-byte codes with 8-bit activations: the cp.async GEMM widens them
+        # to int8 / e4m3 in registers (gemm.cu.j2), on the 8-bit MMA; without
+        # an e4m3 MMA (sm_80) both operands are widened to fp16 (a_decode).
         if family_of(cfg) is not FAMILIES["gemm"] or cfg.predecode:
             raise PlanError("8-bit activations with sub-byte weights run on the cp.async GEMM only")
     if spec.out.dtype in INT_OUT_DTYPES and (family_of(cfg) is not FAMILIES["gemm"] or cfg.predecode):

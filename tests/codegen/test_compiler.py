@@ -184,11 +184,11 @@ A8_SPECS = [n for n in SPECS if spec(n).op == "matmul" and numerics(spec(n)).wid
 @pytest.mark.slow
 @pytest.mark.parametrize("name", A8_SPECS)
 def test_widened_codes_every_config(name):
-    """8-bit activations with sub-byte codes widened to int8 in registers:
-    each kind of config the tuner may time (M = 16, 256, 4096; every tile in
-    its deepest ring, unsplit and most split) compiles with no spills or
-    local memory, the int8 tensor-core op (IMMA / IGMMA) and cp.async in the
-    SASS, and no serialized wgmma (the group flush reads the accumulators
+    """8-bit activations with sub-byte codes widened to int8 / e4m3 in
+    registers: each kind of config the tuner may time (M = 16, 256, 4096;
+    every tile in its deepest ring, unsplit and most split) compiles with no
+    spills or local memory, the 8-bit tensor-core op (IMMA / IGMMA, QGMMA;
+    e4m3 mma.sync runs as HMMA on sm_90) and cp.async in the SASS, and no serialized wgmma (the group flush reads the accumulators
     only after wgmma.wait_group 0). (sm_80: the default picks,
     test_default_sass_and_resources.)"""
     s = spec(name)
@@ -207,7 +207,7 @@ def test_widened_codes_every_config(name):
         if compiler.find_nvdisasm() is None:
             pytest.skip("nvdisasm not installed (extra 'sass')")
         sass = compiler.disassemble(c.cubin)
-        for op in _sass_ops(cfg, "int8"):
+        for op in _sass_ops(cfg, s.a.dtype):
             assert re.search(rf"\b{op}\b", sass), f"{cfg.name}: no {op} in SASS"
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{cfg.name}: local memory in SASS"
 

@@ -1,7 +1,7 @@
 """The spec fuzzer (cross-cutting: the YAML reader, the validator, `opgen
 check`, the planner's shape rule).
 
-Mutates the shipped specs and the 8-bit-activation examples (a8_specs/) --
+Mutates the shipped specs --
 fields deleted, duplicated, retyped, swapped, shared (aliases), nested deep;
 huge, negative and odd numbers; unicode; YAML 1.1 forms; truncation, random
 bytes, hostile snippets; files up to 1 MB -- and runs `opgen check` on each
@@ -26,7 +26,6 @@ import sys
 import time
 from collections import Counter
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import yaml
@@ -36,7 +35,6 @@ from hypothesis import strategies as st
 from opgen.cli import main
 from opgen.codegen import planner
 from opgen.codegen.resolve import load_spec, shipped_specs
-from a8_examples import A8_PATHS
 from opgen.codegen.yaml_source import MAX_SPEC_BYTES
 
 CHECK_SECONDS = 2.0             # the bound on one `opgen check` of a file up to 1 MB (CPU)
@@ -51,8 +49,7 @@ def _settings(ci_examples: int):
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-# the shipped specs and the examples of 8-bit activations with sub-byte weights
-SPECS = {name: path.read_text() for name, path in {**shipped_specs(), **A8_PATHS}.items()}
+SPECS = {name: path.read_text() for name, path in shipped_specs().items()}
 DATA = {name: yaml.safe_load(text) for name, text in SPECS.items()}
 MATMUL = sorted(n for n, d in DATA.items() if d["op"] == "matmul")
 OUTCOMES = Counter()

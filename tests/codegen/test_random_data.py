@@ -1,10 +1,9 @@
 """Random valid inputs (codegen/random_data.py): codes over the whole code
 range, weight tensors in the exact storage, of a sensible magnitude; the
-inputs of the 8-bit-activation example specs (tests/codegen/a8_specs)."""
+inputs of the 8-bit-activation specs (tests/a8_examples.py)."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from opgen.codegen.resolve import load_spec
 from opgen.codegen.spec import scale_shape, stored_shapes, weight_storage_shape, zero_shape
 from opgen.codegen.storage import decode_storage
 from opgen.codegen.validate import decode_ints
+from a8_examples import A8_PATHS
 from weight_strategies import FLOAT16_DTYPES, SETTINGS, storage_dtype, weights
 
 
@@ -61,7 +61,7 @@ def test_random_weight_tensors(wnk, seed):
 
 # --- the 8-bit-activation examples (issue 29) -------------------------------------------------
 
-A8 = {p.stem: load_spec(p) for p in (Path(__file__).parent / "a8_specs").glob("*.yaml")}
+A8 = {n: load_spec(p) for n, p in A8_PATHS.items()}
 
 
 @pytest.mark.parametrize("name", sorted(A8))

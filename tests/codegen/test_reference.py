@@ -1,13 +1,12 @@
 """The reference semantics (codegen/reference.py): the matmul against a
 direct computation, the int32-accumulate path, bias and activations,
 activation quantization; 8-bit activations with sub-byte weights and the
-int32 output (tests/codegen/a8_specs) against int64 numpy written here.
+int32 output (tests/a8_examples.py) against int64 numpy written here.
 Weight formats come from weight_strategies.py."""
 from __future__ import annotations
 
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest

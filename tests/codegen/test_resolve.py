@@ -17,7 +17,7 @@ SHIPPED = (
     "gptq_v2_w4a16_g128_repacked", "awq_w4a16_g128", "bnb_nf4",
     "bitnet_b158", "mxfp4", "w8a8_int8", "w4a16_sym_g128", "w2a16_g128", "w1a16_g128",
     "fp8_e4m3_w8a8", "fp8_e4m3_w8a16", "fp16", "quantize_int8_row", "quantize_fp8_row",
-    "w4a8_int8", "w4a8_int8_g128", "bitnet_b158_a8", "int8_int4_int32",
+    "w4a8_int8", "w4a8_int8_g128", "bitnet_b158_a8", "int8_int4_int32", "w4a8_fp8",
 )
 
 

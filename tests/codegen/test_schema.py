@@ -6,7 +6,6 @@ bound, the rules on one field: op, zero kind, codebook); the example specs
 of 8-bit activations with sub-byte weights (tests/a8_examples.py) too."""
 import copy
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest

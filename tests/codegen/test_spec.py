@@ -1,8 +1,7 @@
 """The spec model (codegen/spec.py): the stored shapes (stored_shapes), what
 the reference draws, for every shipped matmul spec and the 8-bit-activation
-examples (tests/codegen/a8_specs); the float types' exact integers and
+specs (tests/a8_examples.py); the float types' exact integers and
 largest values (the validator's bounds); the activation and output vocabulary."""
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,9 +10,8 @@ from opgen.codegen.random_data import random_weight_tensors
 from opgen.codegen import spec as S
 from opgen.codegen.spec import stored_shapes
 from opgen.codegen.resolve import load_spec, shipped_specs
-from a8_examples import A8_PATHS
 
-PATHS = {**shipped_specs(), **A8_PATHS}
+PATHS = shipped_specs()
 MATMUL = sorted(n for n, p in PATHS.items() if load_spec(p).op == "matmul")
 
 

@@ -1,7 +1,6 @@
 """The one tolerance policy (codegen/tolerance.py): from the dtypes a kernel
 rounds through, with the margins its docstring states; 0 for the int32 output."""
 import math
-from pathlib import Path
 
 from opgen.codegen.resolve import load_spec
 from opgen.codegen.spec import Activation, Output, Scale, Spec, Weight

@@ -60,7 +60,7 @@ def test_cli_resolves_specs_and_shapes(capsys, monkeypatch, tmp_path):
     assert main(["tune", "--all", "--shapes", "4096x4096,8192x8192", "--M", "1,16", "--db", db,
                  "--budget-ms", "10", "--rank-budget-ms", "2", "--finalists", "5"]) == 0
     names, shapes, kw = calls[-1]
-    assert names == shipped_matmul_specs() and len(names) == 19
+    assert names == shipped_matmul_specs() and len(names) == 20
     assert shapes == [(4096, 4096), (8192, 8192)] and kw["Ms"] == [1, 16]
     assert (kw["budget_ms"], kw["rank_budget_ms"], kw["finalists"], kw["db"]) == (10.0, 2.0, 5, db)
     # the old one-shape form, and several specs (duplicates dropped)

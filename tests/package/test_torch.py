@@ -324,7 +324,7 @@ def test_torch_compile_traces_the_op():
 
 @pytest.mark.gpu
 @cuda
-@pytest.mark.parametrize("spec", ALL_SPECS)
+@pytest.mark.parametrize("spec", ALL_SPECS + ["w4a8_fp8"])
 def test_gpu_layer_matches_reference(spec, record):
     lin = tiny_mlp()[0]
     q = ot.QuantLinear.from_linear(spec, lin).cuda()
@@ -333,8 +333,8 @@ def test_gpu_layer_matches_reference(spec, record):
     t = {k: ot.to_numpy(getattr(q, k)) for k in ("qweight", "scales", "zeros") if getattr(q, k) is not None}
     xs = x.reshape(15, 256).cpu()
     a, a_scale = (xs.numpy(), None)
-    if q.spec.a.dtype == "int8":
-        a, a_scale = (v.numpy() for v in ot.quantize_activation(xs, "int8"))
+    if q.spec.a.dtype in ("int8", "float8_e4m3"):
+        a, a_scale = (ot.to_numpy(v) for v in ot.quantize_activation(xs, q.spec.a.dtype))
     want = R.reference_matmul_f32(q.kernel_spec, a, t, a_scale=a_scale) + q.bias.float().cpu().numpy()
     err = rel_err(got, torch.from_numpy(want))
     record(test="torch_layer", spec=spec, rel_err=err)
