@@ -119,14 +119,15 @@ def headers_fingerprint() -> str:
     return h.hexdigest()
 
 
-def cache_key(spec: Spec, cfg: Optional[planner.Config], arch: str, target: str) -> str:
-    """Everything that changes the binary: what the source is rendered from,
-    the NVRTC options (less the include path), the headers' content, NVRTC
-    and opgen."""
+def cache_key(spec: Spec, cfg: Optional[planner.Config], arch: str, target: str,
+              pdl: bool = False) -> str:
+    """Everything that changes the binary: what the source is rendered from
+    (pdl too: render's), the NVRTC options (less the include path), the
+    headers' content, NVRTC and opgen."""
     opts = [o for o in options(target) if not o.startswith("-I")]
     return hashlib.sha256("\0".join(
-        [code_fingerprint(), repr(spec), repr(cfg), arch, " ".join(opts), headers_fingerprint(),
-         nvrtc_version(), __version__]).encode()).hexdigest()[:32]
+        [code_fingerprint(), repr(spec), repr(cfg), arch, f"pdl={pdl}", " ".join(opts),
+         headers_fingerprint(), nvrtc_version(), __version__]).encode()).hexdigest()[:32]
 
 
 def cache_dir() -> Path:
@@ -218,20 +219,21 @@ def _read_entry(path: Path, log_path: Path, src_path: Path, sum_path: Path):
 
 
 def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
-                   use_cache: bool = True) -> Compiled:
+                   use_cache: bool = True, pdl: bool = False) -> Compiled:
     """Render + compile (or take from the cache) one kernel; cfg is None for
-    op quantize (a config of several kernels: compile_config)."""
+    op quantize (a config of several kernels: compile_config). pdl: the
+    kernel for a programmatic dependent launch (render's)."""
     if cfg is not None and cfg.predecode:
         raise ValueError(f"{cfg.name} launches several kernels: use compile_config")
     source = None
     if spec.op == "quantize":
         plan = planner.quantize_plan(arch)
-        source, g = render.render_quantize(spec, arch, plan.threads)
+        source, g = render.render_quantize(spec, arch, plan.threads, pdl=pdl)
         name = g["name"]
     else:
         name, plan = render.kernel_name(spec, cfg), planner.plan(spec, cfg, arch)
     target = plan.target                      # e.g. sm_90a for wgmma kernels
-    key = cache_key(spec, cfg, arch, target)
+    key = cache_key(spec, cfg, arch, target, pdl)
     path = cache_dir() / f"{name}-{arch}-{key}.cubin"
     log_path, src_path, sum_path = (path.with_suffix(".log"), path.with_suffix(".cu"),
                                     path.with_suffix(".sha256"))
@@ -240,7 +242,7 @@ def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
         if hit is not None:
             return Compiled(hit[0], name, hit[1], hit[2], plan, arch)
     if source is None:
-        source, _ = render.render(spec, cfg, arch, plan=plan)
+        source, _ = render.render(spec, cfg, arch, plan=plan, pdl=pdl)
     cubin, log = nvrtc_compile(source, name, target)
     res = parse_ptxas(log)
     if res.get("spill_bytes", 0) > 0 or res.get("stack", 0) > 0:
@@ -287,13 +289,14 @@ def default_config(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[
     return passed[0]
 
 
-def compile_config(spec: Spec, cfg: Optional[planner.Config], arch: str) -> List[Compiled]:
+def compile_config(spec: Spec, cfg: Optional[planner.Config], arch: str,
+                   pdl: bool = False) -> List[Compiled]:
     """Every kernel one config launches, in launch order (planner.stages):
     one, or for a predecode config the dequant stage and the dense GEMM
-    (cfg None: the kernel of op quantize)."""
+    (cfg None: the kernel of op quantize; pdl: compile_kernel's)."""
     if cfg is None:
-        return [compile_kernel(spec, None, arch)]
-    return [compile_kernel(s, c, arch) for s, c in planner.stages(spec, cfg)]
+        return [compile_kernel(spec, None, arch, pdl=pdl)]
+    return [compile_kernel(s, c, arch, pdl=pdl) for s, c in planner.stages(spec, cfg)]
 
 
 _PTXAS = {

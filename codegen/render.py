@@ -29,6 +29,8 @@ PROBES = {
                           "lds_quarter", "no_lds", "spin"}),
     "gemv_row": frozenset({"no_mac", "no_stage"}),
 }
+# griddepcontrol (programmatic dependent launch) exists from sm_90.
+PDL_MIN_CC = 90
 
 
 def _template_text(name: str) -> str:
@@ -82,13 +84,22 @@ def _magic_pair(dec, f16: bool, shift: int) -> dict:
                 off=repr(dec.magic_base / 2 ** u + dec.sub_value - dec.magic_base))
 
 
+def _check_pdl(pdl: bool, arch: str) -> None:
+    if pdl and hw.arch(arch).cc < PDL_MIN_CC:
+        raise ValueError(f"pdl: griddepcontrol needs sm_{PDL_MIN_CC}+, not {arch}")
+
+
 def render(spec: Spec, cfg: planner.Config, arch: str, probes: frozenset = frozenset(),
-           plan: planner.Launch | None = None) -> tuple[str, dict]:
+           plan: planner.Launch | None = None, pdl: bool = False) -> tuple[str, dict]:
     """CUDA source and the template constants (the plan's consts) of a
     single-kernel config (a predecode config renders as its planner.stages),
     from its launch plan (planner.plan, unless given). probes: the kernel
     with those parts taken out (PROBES; a probe its kind does not have is an
-    error); none: the kernel that ships."""
+    error); none: the kernel that ships. pdl: the kernel for a programmatic
+    dependent launch (templates/pdl.cuh; runtime/pdl.py launches it): it
+    lets the next kernel start early and waits for the previous one before
+    it reads the activations or writes; false renders the kernel unchanged."""
+    _check_pdl(pdl, arch)
     plan = plan or planner.plan(spec, cfg, arch)
     g, kind = plan.consts, plan.kind
     unknown = set(probes) - PROBES.get(kind, frozenset())
@@ -108,16 +119,18 @@ def render(spec: Spec, cfg: planner.Config, arch: str, probes: frozenset = froze
         magic_pair=functools.partial(_magic_pair, dec, num.compute_t == "half"),
         zero_fold=fold_zero(num, dec, zc["zero_bits"]),
         zero_sub=zero_sub_bits(num, dec, zc["zero_bits"]),
-        probes=frozenset(probes), **zc,
+        probes=frozenset(probes), pdl=pdl, **zc,
     )
     src = _env().get_template(TEMPLATES[kind]).render(**ctx)
     return src, g
 
 
-def render_quantize(spec: Spec, arch: str, threads: int = 256) -> tuple[str, dict]:
-    """op quantize: per-row absmax -> int8 / fp8 e4m3 codes + float32 scales."""
+def render_quantize(spec: Spec, arch: str, threads: int = 256, pdl: bool = False) -> tuple[str, dict]:
+    """op quantize: per-row absmax -> int8 / fp8 e4m3 codes + float32 scales
+    (pdl: render's)."""
+    _check_pdl(pdl, arch)
     name = f"opgen_{spec.name}"
-    ctx = dict(kernel_name=name, threads=threads, out_dtype=spec.out.dtype,
+    ctx = dict(kernel_name=name, threads=threads, out_dtype=spec.out.dtype, pdl=pdl,
                in_t="half" if spec.a.dtype == "float16" else "__nv_bfloat16",
                code_t="int8_t" if spec.out.dtype == "int8" else "uint8_t",
                qmax="127.0" if spec.out.dtype == "int8" else "448.0")

@@ -37,6 +37,9 @@ def config_source_hash(spec: Spec, cfg: planner.Config, arch: str) -> str:
     what rendering raises (PlanError for a config the kernels cannot run)."""
     kernels = []
     for s, c in planner.stages(spec, cfg):
+        # The kernel as render gives it without pdl: a programmatic dependent
+        # launch (render's pdl) runs the same tile config, only its start
+        # overlaps the previous kernel's end, so a record serves either way.
         src, g = render.render(s, c, arch)
         kernels.append([digest(src), g["threads"], g.get("smem", 0), g.get("target", arch)])
     return hashlib.sha256(json.dumps(kernels).encode()).hexdigest()[:20]

@@ -2,7 +2,8 @@
 
 Kernel(spec, config, arch) compiles (or takes from the cubin cache), loads the
 module and launches on raw device pointers; `opgen.runtime.op` wraps it with
-array checking and per-call dispatch.
+array checking and per-call dispatch. Kernel(..., pdl=True): the kernels
+rendered and launched for programmatic dependent launch (runtime/pdl.py).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from ..codegen import planner
 from ..codegen.spec import Spec
 from ..codegen import compiler
 from ..codegen.kernel_args import ARGUMENTS, TMA_ARGUMENTS
-from . import tma
+from . import pdl as pdl_launch, tma
 from .device import current_arch, current_device
 
 
@@ -61,6 +62,7 @@ def _converters(args, pointer, integer) -> tuple:
 
 
 _PLAIN_ARGS = _converters(ARGUMENTS, np.uint64, np.int32)
+_PLAIN_ARGS_C = _converters(ARGUMENTS, ctypes.c_uint64, ctypes.c_int32)   # through the driver (pdl)
 _TMA_ARGS = _converters(TMA_ARGUMENTS, ctypes.c_uint64, ctypes.c_int32)
 
 
@@ -74,15 +76,21 @@ def _values(converters: tuple, values: dict) -> list:
 class Kernel:
     """One config's launch. A predecode config is two kernels: its dequant
     stage writes the dense weights into the shared scratch tensor, then the
-    dense GEMM (this object's own function) reads them."""
+    dense GEMM (this object's own function) reads them.
 
-    def __init__(self, spec: Spec, config: planner.Config, arch: str | None = None):
-        self.spec, self.config = spec, config
+    pdl: every kernel rendered with pdl (codegen/render.py) and launched
+    through runtime/pdl.py, so that it overlaps the previous kernel's tail
+    on the stream; sm_90+. Off by default: it has not been measured on the
+    GPU yet (docs/performance.md, open items)."""
+
+    def __init__(self, spec: Spec, config: planner.Config, arch: str | None = None,
+                 pdl: bool = False):
+        self.spec, self.config, self.pdl = spec, config, pdl
         self.arch = arch or current_arch()
         *first, (gspec, gcfg) = planner.stages(spec, config)
-        self.dequant = Kernel(*first[0], self.arch) if first else None
+        self.dequant = Kernel(*first[0], self.arch, pdl) if first else None
         self.gemm_config = gcfg
-        self.compiled = compiler.compile_kernel(gspec, gcfg, self.arch)
+        self.compiled = compiler.compile_kernel(gspec, gcfg, self.arch, pdl=pdl)
         self.module, self.fn = load_function(self.compiled)
         self.plan = self.compiled.plan
         self._ws = {}     # (device, stream) -> (workspace, counters)
@@ -126,14 +134,25 @@ class Kernel:
         if self._tma is not None:
             self._launch_tma(dict(ptrs, ws=ws, counters=cnt), M, N, K, grid, smem, stream)
             return
-        args = _values(_PLAIN_ARGS, {**ptrs, "ws": ws, "counters": cnt, "M": M, "N": N, "K": K})
-        self.fn(grid, (self.plan.threads, 1, 1), tuple(args),
+        values = {**ptrs, "ws": ws, "counters": cnt, "M": M, "N": N, "K": K}
+        if self.pdl:
+            self._launch_ex(grid, smem, stream.ptr, _values(_PLAIN_ARGS_C, values))
+            return
+        self.fn(grid, (self.plan.threads, 1, 1), tuple(_values(_PLAIN_ARGS, values)),
                 shared_mem=smem, stream=stream)
 
     def _launch_tma(self, ptrs: dict, M: int, N: int, K: int, grid, smem: int, stream) -> None:
         maps = dict(tmA=self._tma.a(ptrs["a"], M, K), tmB=self._tma.b(ptrs["b"], N, K))
         args = _values(_TMA_ARGS, {**ptrs, **maps, "M": M, "N": N, "K": K})
+        if self.pdl:
+            self._launch_ex(grid, smem, stream.ptr, args)
+            return
         tma.launch(self.fn, grid, self.plan.threads, smem, stream.ptr, args)
+
+    def _launch_ex(self, grid, smem: int, stream_ptr: int, args: list) -> None:
+        params = pdl_launch.kernel_params(args)      # (args and params live through the call)
+        pdl_launch.launch_ex(self.fn.ptr, grid, (self.plan.threads, 1, 1), smem, stream_ptr,
+                             ctypes.addressof(params))
 
     def __call__(self, a, tensors: dict, out, a_scale=None, bias=None, stream=None):
         """Launch on CuPy arrays (the tuner and tests use this directly)."""
@@ -148,15 +167,23 @@ class Kernel:
 
 
 class QuantizeKernel:
-    """op quantize: one block per row -> codes [M, K] + float32 scales [M]."""
+    """op quantize: one block per row -> codes [M, K] + float32 scales [M]
+    (pdl: Kernel's)."""
 
-    def __init__(self, spec: Spec, arch: str | None = None):
-        self.spec = spec
+    def __init__(self, spec: Spec, arch: str | None = None, pdl: bool = False):
+        self.spec, self.pdl = spec, pdl
         self.arch = arch or current_arch()
-        self.compiled = compiler.compile_kernel(spec, None, self.arch)
+        self.compiled = compiler.compile_kernel(spec, None, self.arch, pdl=pdl)
         self.module, self.fn = load_function(self.compiled)
 
     def launch(self, x_ptr: int, codes_ptr: int, scale_ptr: int, M: int, K: int, stream) -> None:
-        self.fn(self.compiled.plan.grid(M, 0), (self.compiled.plan.threads, 1, 1),
+        grid, block = self.compiled.plan.grid(M, 0), (self.compiled.plan.threads, 1, 1)
+        if self.pdl:
+            args = [ctypes.c_uint64(x_ptr), ctypes.c_uint64(codes_ptr), ctypes.c_uint64(scale_ptr),
+                    ctypes.c_int32(M), ctypes.c_int32(K)]
+            params = pdl_launch.kernel_params(args)
+            pdl_launch.launch_ex(self.fn.ptr, grid, block, 0, stream.ptr, ctypes.addressof(params))
+            return
+        self.fn(grid, block,
                 (np.uint64(x_ptr), np.uint64(codes_ptr), np.uint64(scale_ptr), np.int32(M), np.int32(K)),
                 stream=stream)

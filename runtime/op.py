@@ -44,10 +44,12 @@ class MatmulOp:
     fastest kernels read it): `prepare` moves a weight there once, and calls
     take what it returns. Where the spec already stores the weight that way
     (or layout="stored" keeps the spec's own storage, with the kernels that
-    read it), calls take the spec's tensors as they are."""
+    read it), calls take the spec's tensors as they are. pdl: its kernels
+    launched for programmatic dependent launch (runtime/kernel.py's Kernel);
+    off until measured on the GPU."""
 
     def __init__(self, spec: Spec, N: int, K: int, arch: Optional[str] = None, db=None,
-                 use_db: bool = True, layout: str = "execution"):
+                 use_db: bool = True, layout: str = "execution", pdl: bool = False):
         if spec.op != "matmul":
             raise UserError(f"{spec.name}: op {spec.op!r} is not a matmul (opgen.load gives quantize specs their own op)")
         if layout not in LAYOUTS:
@@ -58,7 +60,7 @@ class MatmulOp:
         # What the kernels read; the DB's key and the kernels' names are its.
         self.kernel_spec = planner.execution_spec(spec, self.arch) if layout == "execution" else spec
         self.sms = planning_sms()
-        self.db, self.use_db = db, use_db
+        self.db, self.use_db, self.pdl = db, use_db, pdl
         self._kernels: Dict[str, object] = {}
         self.sources: Dict[str, str] = {}      # bucket -> "db" | "heuristic"
         spec = self.kernel_spec
@@ -109,7 +111,7 @@ class MatmulOp:
     def _make_kernel(self, label: str) -> Kernel:
         cfg = self.choose(label)
         try:
-            return Kernel(self.kernel_spec, cfg, self.arch)
+            return Kernel(self.kernel_spec, cfg, self.arch, self.pdl)
         except CompileError as e:
             if self.sources[label] != "db":
                 raise
@@ -117,7 +119,7 @@ class MatmulOp:
             # refuses: the heuristic's kernel serves instead, and we say so.
             warnings.warn(f"{self.kernel_spec.name}: tuned config {cfg.name} does not compile here "
                           f"({str(e).splitlines()[0]}); using the heuristic's pick")
-            return Kernel(self.kernel_spec, self.choose(label, from_db=False), self.arch)
+            return Kernel(self.kernel_spec, self.choose(label, from_db=False), self.arch, self.pdl)
 
     def prepare(self, qweight, scales=None, zeros=None) -> PreparedWeight:
         """The weight, given in the spec's storage, moved into the kernels'
@@ -208,15 +210,16 @@ class MatmulOp:
 
 class QuantizeOp:
     """op quantize: x [M, K] float16/bfloat16 -> (codes [M, K] int8/e4m3, scale [M] float32),
-    per-row symmetric, scale = absmax / 127 (int8) or / 448 (e4m3), ties to even."""
+    per-row symmetric, scale = absmax / 127 (int8) or / 448 (e4m3), ties to even
+    (pdl: MatmulOp's)."""
 
-    def __init__(self, spec: Spec, K: int, arch: Optional[str] = None):
+    def __init__(self, spec: Spec, K: int, arch: Optional[str] = None, pdl: bool = False):
         try:
             planner.check_shape(spec, K=K)
         except planner.PlanError as e:
             raise UserError(f"{spec.name}: {e}") from None
         self.spec, self.K = spec, int(K)
-        self.kernel = QuantizeKernel(spec, _arch(arch))
+        self.kernel = QuantizeKernel(spec, _arch(arch), pdl)
 
     def __call__(self, x, codes=None, scale=None):
         vx = arrays.view(x, "x")
@@ -247,17 +250,18 @@ def _arch(arch: Optional[str]) -> str:
 
 
 def load(spec_or_name, N: Optional[int] = None, K: Optional[int] = None, arch: Optional[str] = None,
-         db=None, use_db: bool = True, layout: str = "execution"):
+         db=None, use_db: bool = True, layout: str = "execution", pdl: bool = False):
     """The op for `spec` (a Spec, a shipped spec name or a YAML path): a MatmulOp
-    at N x K (layout: MatmulOp's), or for op quantize a QuantizeOp over rows of K."""
+    at N x K (layout, pdl: MatmulOp's; pdl is off by default until measured
+    on the GPU), or for op quantize a QuantizeOp over rows of K."""
     spec = as_spec(spec_or_name)
     if K is None:
         raise UserError(f"{spec.name}: K is required")
     if spec.op == "quantize":
-        return QuantizeOp(spec, K, arch=arch)
+        return QuantizeOp(spec, K, arch=arch, pdl=pdl)
     if N is None:
         raise UserError(f"{spec.name}: N is required")
-    return MatmulOp(spec, N, K, arch=arch, db=db, use_db=use_db, layout=layout)
+    return MatmulOp(spec, N, K, arch=arch, db=db, use_db=use_db, layout=layout, pdl=pdl)
 
 
 class QuantizedLinearOp:
@@ -269,7 +273,8 @@ class QuantizedLinearOp:
     def __init__(self, spec: Spec, N: int, K: int, input_dtype: str = "float16", **kw):
         if spec.a.scale != "row":
             raise UserError(f"{spec.name}: needs int8/fp8 activations with a per-row scale")
-        self.quantize = QuantizeOp(quantize_spec(spec, input_dtype), K, arch=kw.get("arch"))
+        self.quantize = QuantizeOp(quantize_spec(spec, input_dtype), K, arch=kw.get("arch"),
+                                   pdl=kw.get("pdl", False))
         self.matmul = MatmulOp(spec, N, K, **kw)
 
     def prepare(self, qweight, scales=None, zeros=None) -> PreparedWeight:

@@ -1,7 +1,8 @@
 """CPU-only checks of the generated kernels through NVRTC
 (codegen/compiler.py; no GPU needed): the SASS of the default GEMM kernels
 holds the tensor-core, ldmatrix and cp.async instructions; ptxas reports no
-spills or local memory for the default configs; the cubin cache. Every
+spills or local memory for the default configs; the PDL instructions of
+kernels compiled with pdl; the cubin cache. Every
 shipped spec built for every arch: test_build.py."""
 import dataclasses
 import os
@@ -393,3 +394,32 @@ def test_rs_gemm_bf16_activations(name):
     cfgs = [c for c in planner.candidates(s, "sm_90", 64, 8192, 8192) if c.rs]
     assert cfgs
     _check_tma_kernel(s, cfgs[len(cfgs) // 2], forbidden="LDL|STL|LDGSTS")
+
+
+# What nvdisasm prints for the PDL instructions on sm_90 (templates/pdl.cuh):
+# griddepcontrol.wait -> ACQBULK, griddepcontrol.launch_dependents -> PREEXIT.
+PDL_SASS = ("ACQBULK", "PREEXIT")
+
+
+@pytest.mark.parametrize("kind", ["gemv", "gemm", "rs", "tma"])
+def test_pdl_kernels_compile_with_the_wait_and_the_early_signal(kind, tmp_path, monkeypatch):
+    """A config of each GEMM family compiled with pdl for sm_90: its SASS has
+    the wait and the early signal (without pdl: neither), in a cache entry
+    of its own."""
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
+    s = spec("w4a16_sym_g128")
+    pick = {"gemv": lambda c: c.family == "gemv", "gemm": lambda c: c.family == "gemm" and not c.wgmma,
+            "rs": lambda c: c.rs, "tma": lambda c: c.tma and not c.rs}[kind]
+    s = planner.execution_spec(s, "sm_90") if kind == "rs" else s
+    cfg = next(c for M in (1, 16) for c in planner.candidates(s, "sm_90", M, 4096, 4096) if pick(c))
+    target = planner.plan(s, cfg, "sm_90").target
+    assert compiler.cache_key(s, cfg, "sm_90", target, pdl=True) != compiler.cache_key(s, cfg, "sm_90", target)
+    with_pdl = compiler.compile_kernel(s, cfg, "sm_90", pdl=True)
+    plain = compiler.compile_kernel(s, cfg, "sm_90")
+    assert "griddepcontrol.wait" in with_pdl.source and "griddepcontrol" not in plain.source
+    assert len(list((tmp_path / "cubin").glob("*.cubin"))) == 2
+    if compiler.find_nvdisasm() is None:
+        pytest.skip("nvdisasm not installed (extra 'sass')")
+    sass, plain_sass = compiler.disassemble(with_pdl.cubin), compiler.disassemble(plain.cubin)
+    for op in PDL_SASS:
+        assert re.search(rf"\b{op}\b", sass) and not re.search(rf"\b{op}\b", plain_sass), op

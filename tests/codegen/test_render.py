@@ -1,10 +1,13 @@
 """Rendering a kernel's CUDA (codegen/render.py): every kind's template
 renders for a shipped spec to one kernel with the expected name and no
 template text left, from the launch plan it returns; op quantize's kernel;
-probes a kind does not have are refused. (The probes' effects:
+probes a kind does not have are refused; with pdl, each kind's kernel
+signals its dependents first and waits before it reads the activations.
+(The probes' effects:
 tests/bench/test_ablate.py; the shipped sources unchanged:
 test_render_snapshot.py.)"""
 import re
+from dataclasses import replace
 from importlib import resources
 
 import pytest
@@ -70,3 +73,56 @@ def test_probes_of_a_kind(kind):
     for probe in sorted(have)[:1]:                      # one of its own renders
         probed, _ = render.render(s, cfg, arch, probes=frozenset({probe}))
         assert probed != render.render(s, cfg, arch)[0]
+
+
+# The first place each kind reads the previous kernel's output (activations)
+# or writes: the kernel's pdl_wait() must come before it.
+FIRST_DEPENDENT = {
+    "gemm": "load_stage(smem, s,", "gemv_row": "stage_activations(a,", "gemv_tc": "stage_activations(a,",
+    "gemv_col": "load_act(a,", "gemm_tma": "tma_load_2d(st, &tmA", "gemm_rs": "&tmA,",
+    "dequant": "*reinterpret_cast<uint4*>(dst", "quantize": "ldg16(row",
+}
+PDL_PTX = ("griddepcontrol.wait;", "griddepcontrol.launch_dependents;")
+
+
+def check_pdl(src: str, kind: str) -> None:
+    """src, rendered with pdl: both instructions once (templates/pdl.cuh), the
+    kernel signals its dependents first and waits before it reads the
+    activations."""
+    assert [src.count(p) for p in PDL_PTX] == [1, 1]
+    body = src[src.index("__global__"):]
+    assert body.count("pdl_launch_dependents();") == 1
+    assert body.index("pdl_launch_dependents();") < body.index("pdl_wait();") < body.index(FIRST_DEPENDENT[kind])
+
+
+def pdl_cases():
+    """Every kind, the row GEMV with its other prefetch, and the TMA GEMM with dense operands."""
+    cases = dict(one_of_each_kind())
+    s, cfg, arch = cases["gemv_row"]
+    cases["gemv_row/prefetch"] = (s, replace(cfg, prefetch=not cfg.prefetch), arch)
+    fp16 = as_spec("fp16")
+    cases["gemm_tma/dense"] = (fp16, next(c for c in planner.candidates(fp16, "sm_90", 256, 4096, 4096)
+                                          if c.tma and c.cluster > 1), "sm_90")
+    return cases
+
+
+@pytest.mark.parametrize("case", sorted(pdl_cases()))
+def test_pdl_renders_the_wait_and_the_early_signal(case):
+    s, cfg, arch = pdl_cases()[case]
+    src, consts = render.render(s, cfg, arch, pdl=True)
+    plain, plain_consts = render.render(s, cfg, arch)
+    check_pdl(src, case.split("/")[0])
+    assert consts == plain_consts and not any(p in plain for p in PDL_PTX)
+    assert kernels(src) == kernels(plain)
+
+
+def test_pdl_quantize_and_its_arch():
+    s = as_spec("quantize_int8_row")
+    src, _ = render.render_quantize(s, "sm_90", planner.QUANTIZE_THREADS, pdl=True)
+    check_pdl(src, "quantize")
+    assert not any(p in render.render_quantize(s, "sm_90", planner.QUANTIZE_THREADS)[0] for p in PDL_PTX)
+    spec, cfg, _ = one_of_each_kind()["gemm"]
+    with pytest.raises(ValueError, match="griddepcontrol needs sm_90"):
+        render.render(spec, cfg, "sm_89", pdl=True)
+    with pytest.raises(ValueError, match="griddepcontrol needs sm_90"):
+        render.render_quantize(s, "sm_80", pdl=True)

@@ -1,11 +1,13 @@
 """Compiled kernels loaded and launched (runtime/kernel.py). On the CPU: the
-launch's argument values in the declared order (codegen/kernel_args.py).
+launch's argument values in the declared order (codegen/kernel_args.py),
+and the same values through the driver's launch for PDL (runtime/pdl.py).
 On the GPU (gpu mark): every shipped matmul spec, every kernel family,
 several configurations: GPU output vs the numpy reference on fresh random
 data, output poisoned first (runtime.workbench.full_check), held to the one
 tolerance policy (codegen/tolerance.py: ||out - ref|| / ||ref|| against the
 fp32 reference, from the dtypes the kernel rounds through).
 """
+import ctypes
 import functools
 import os
 from dataclasses import replace
@@ -14,18 +16,19 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from opgen.codegen import hw, planner
+from opgen.codegen import compiler, hw, planner, render
 from opgen.codegen.compiler import compile_many
 from opgen.codegen.kernel_args import ARGUMENTS, TMA_ARGUMENTS
 from opgen.codegen.lower import numerics, weight_layout
-from opgen.codegen.random_data import random_weight_tensors
-from opgen.codegen.reference import dequantize
+from opgen.codegen.random_data import random_activation, random_weight_tensors
+from opgen.codegen.reference import dequantize, reference_matmul_f32
 from opgen.codegen.tolerance import tolerance
 from opgen.codegen.resolve import load_spec, shipped_specs
 from opgen.codegen.validate import spec_from_dict
-from opgen.runtime import kernel, workbench
+from opgen.runtime import kernel, pdl, tma, workbench
 from opgen.runtime.device import current_arch
 from opgen.runtime.kernel import Kernel
+from pdl_fakes import FakeDriver
 from strategies import runnable_shape, valid_spec_dicts
 
 MATMUL_SPECS = sorted(n for n, p in shipped_specs().items() if load_spec(p).op == "matmul")
@@ -127,6 +130,85 @@ def test_launch_values_follow_the_declared_arguments():
                        ("ptr", 16), ("int", 1), ("int", 2), ("int", 3)]
     assert [n for n, _ in kernel._PLAIN_ARGS] == [a.name for a in ARGUMENTS]
     assert [n for n, _ in kernel._TMA_ARGS] == [a.name for a in TMA_ARGUMENTS]
+
+
+class _FakeFn:
+    """A loaded function: its address, and its CuPy-style launches recorded."""
+    ptr = 0xF00
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, grid, block, args, shared_mem, stream):
+        self.calls.append((grid, block, [int(a) for a in args], shared_mem, stream.ptr))
+
+
+def _read_params(args):
+    """Reads a kernelParams array of the kernel's arguments `args` (tensor
+    maps as their 128 bytes, ints and pointers as ints)."""
+    def read(ptr):
+        slots = (ctypes.c_void_p * len(args)).from_address(ptr)
+        ctype = {"int": ctypes.c_int32}
+        return [bytes((ctypes.c_char * 128).from_address(addr)) if a.ctype.endswith("CUtensorMap")
+                else ctype.get(a.ctype, ctypes.c_uint64).from_address(addr).value
+                for a, addr in zip(args, slots)]
+    return read
+
+
+@pytest.mark.parametrize("family", ["gemv", "tma"])
+def test_pdl_launch_passes_the_values_of_a_plain_launch(family, monkeypatch):
+    """Kernel(pdl=True) compiles its kernel with pdl and launches it through
+    pdl.launch_ex with the argument values, grid, block, shared memory and
+    stream of the launch without it (CuPy's, or tma.launch's)."""
+    spec = load_spec(shipped_specs()["w4a16_sym_g128"])
+    M, N, K = (1, 4096, 4096) if family == "gemv" else (70, 1024, 1024)
+    cfg = (planner.heuristic(spec, "sm_90", M, N, K) if family == "gemv" else
+           next(c for c in planner.candidates(spec, "sm_90", M, N, K) if c.tma and c.split_k == 1))
+    compiled = []
+
+    def fake_compile(s, c, arch, pdl=False):
+        compiled.append(pdl)
+        return compiler.Compiled(b"", render.kernel_name(s, c), "", "", planner.plan(s, c, arch), arch)
+
+    monkeypatch.setattr(compiler, "compile_kernel", fake_compile)
+    monkeypatch.setattr(kernel, "load_function", lambda c: (None, _FakeFn()))
+    monkeypatch.setattr(tma, "encode_2d", lambda ptr, *a, **kw: tma.TensorMap(*([ptr] * 16)))
+    tma_calls = []
+    monkeypatch.setattr(tma, "launch", lambda fn, grid, threads, smem, stream_ptr, args: tma_calls.append(
+        (grid, (threads, 1, 1), [bytes(a) if isinstance(a, tma.TensorMap) else a.value for a in args],
+         smem, stream_ptr)))
+    args = TMA_ARGUMENTS if cfg.tma else ARGUMENTS
+    drv = FakeDriver(read=_read_params(args))
+    monkeypatch.setattr(pdl, "_driver", lambda: drv)
+    stream = type("Stream", (), {"ptr": 0x5EA})()
+    ptrs = dict(a=0x1000, b=0x2000, s=0x3000, out=0x4000)
+    plain, with_pdl = Kernel(spec, cfg, "sm_90"), Kernel(spec, cfg, "sm_90", pdl=True)
+    assert compiled == [False, True]
+    plain.launch(ptrs, M, N, K, stream)
+    with_pdl.launch(ptrs, M, N, K, stream)
+    (want,) = tma_calls if cfg.tma else plain.fn.calls
+    (got,) = drv.calls
+    assert got.pop("attrs") == [(pdl.PROGRAMMATIC_STREAM_SERIALIZATION, 1)]
+    assert (got["grid"], got["block"], got["values"], got["smem"], got["stream"]) == want
+    assert got["fn"] == _FakeFn.ptr and not with_pdl.fn.calls
+
+
+def test_pdl_quantize_launch(monkeypatch):
+    """QuantizeKernel(pdl=True): compiled with pdl, launched through pdl.launch_ex
+    with x, codes, scale, M, K."""
+    spec = load_spec(shipped_specs()["quantize_int8_row"])
+    monkeypatch.setattr(compiler, "compile_kernel", lambda s, c, arch, pdl=False: compiler.Compiled(
+        b"", "q", "", "", planner.quantize_plan(arch), arch) if pdl else pytest.fail("compiled without pdl"))
+    monkeypatch.setattr(kernel, "load_function", lambda c: (None, _FakeFn()))
+    drv = FakeDriver(read=lambda ptr: [ctypes.c_uint64.from_address(a).value if i < 3 else
+                                       ctypes.c_int32.from_address(a).value
+                                       for i, a in enumerate((ctypes.c_void_p * 5).from_address(ptr))])
+    monkeypatch.setattr(pdl, "_driver", lambda: drv)
+    q = kernel.QuantizeKernel(spec, "sm_90", pdl=True)
+    q.launch(0x10, 0x20, 0x30, 5, 4096, type("Stream", (), {"ptr": 0x5EA})())
+    (got,) = drv.calls
+    assert got["values"] == [0x10, 0x20, 0x30, 5, 4096] and got["stream"] == 0x5EA
+    assert got["grid"] == tuple(q.compiled.plan.grid(5, 0)) and got["attrs"] == [(6, 1)]
 
 
 # --- on the GPU ----------------------------------------------------------------------------
@@ -377,3 +459,61 @@ def test_memcheck_one_config_of_each_kind(name, record):
                 kinds.setdefault((kind, c.split_k > 1), c)
             check_all(spec, list(kinds.values()), M, N, K, record)
             break
+
+
+@pytest.mark.gpu
+def test_pdl_chained_and_in_a_graph(record):
+    """Programmatic dependent launch (Kernel pdl=True): one config of each
+    kind and split-K the spec has at M = 13, chained on one stream (each
+    reads the previous one's output, which it may start before; the first
+    behind a CuPy kernel, not opgen's), run directly and replayed from a
+    captured CUDA graph: every output matches the reference computed from
+    the input it read. (Scales rescaled so that a layer keeps its input's
+    size, N = K, and the chain stays in fp16 range.)"""
+    arch = current_arch()
+    if hw.arch(arch).cc < 90:
+        pytest.skip(f"PDL needs sm_90, not {arch}")
+    spec = _run_spec("w4a16_sym_g128")
+    M, N = 13, 1024
+    cfgs = {}
+    for c in planner.candidates(spec, arch, M, N, N):
+        cfgs.setdefault((planner.plan(spec, c, arch).kind, c.split_k > 1), c)
+    tensors, w_real = weights(spec, N, N)
+    gain = 1 / float(np.sqrt((w_real ** 2).sum(axis=1).mean()))
+    tensors = dict(tensors, scales=(tensors["scales"].astype(np.float32) * gain).astype(tensors["scales"].dtype))
+    w_real = dequantize(spec, tensors, N, N)
+    sess = session()
+    xp, dev_w = sess.xp, {k: sess.to_device(v) for k, v in tensors.items()}
+    a, _ = random_activation(spec, M, N, np.random.default_rng(0))
+    src = sess.to_device(a)
+    bufs = [xp.empty((M, N), dtype=src.dtype) for _ in range(len(cfgs) + 1)]
+    kernels = [Kernel(spec, c, arch, pdl=True) for c in cfgs.values()]
+
+    def chain():
+        xp.multiply(src, 1, out=bufs[0])
+        for i, k in enumerate(kernels):
+            k(bufs[i], dev_w, bufs[i + 1], stream=sess.stream)
+
+    def check(how):
+        got = [sess.to_host(b) for b in bufs]
+        for i, cfg in enumerate(cfgs.values()):
+            ref = reference_matmul_f32(spec, got[i], tensors, w_real=w_real)
+            out = got[i + 1].astype(np.float64)
+            err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+            finite = bool(np.isfinite(out).all())
+            record(spec=spec.name, config=cfg.name, M=M, N=N, K=N, rel_err=err, finite=finite,
+                   tol=tolerance(spec), ok=finite and err <= tolerance(spec), pdl=how)
+            assert finite, f"{cfg.name} ({how}): unwritten or non-finite outputs"
+            assert err <= tolerance(spec), f"{cfg.name} ({how}): rel err {err:.2e}"
+
+    with sess.stream:
+        chain()                                  # loads the kernels, makes split-K workspaces
+    sess.synchronize()
+    check("stream")
+    graph = sess.capture(chain)
+    with sess.stream:
+        for b in bufs:
+            b.fill(np.nan)
+        graph.launch(sess.stream)
+    sess.synchronize()
+    check("graph")

@@ -128,11 +128,12 @@ def test_torch_tensors_in_and_out():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["w8a8_int8", "fp8_e4m3_w8a8"])
+@pytest.mark.parametrize("name", ["w8a8_int8", "fp8_e4m3_w8a8", "w4a8_int8_g128", "w4a8_fp8", "bitnet_b158_a8"])
 @pytest.mark.parametrize("M", [1, 16, 100, 256])
 def test_fused_w8a8_linear(name, M):
     """quantize(x) -> int8/fp8 GEMM with both scales fused == the reference
-    pipeline (reference quantize, then the reference matmul)."""
+    pipeline (reference quantize, then the reference matmul); with sub-byte
+    weights too (their zero points where the spec has them)."""
     import cupy as cp
     spec = as_spec(name)
     N, K = 2048, 4096
@@ -140,7 +141,7 @@ def test_fused_w8a8_linear(name, M):
     w = random_weight_tensors(spec, N, K, rng)
     x = rng.standard_normal((M, K)).astype(np.float16)
     op = load_linear(spec, N=N, K=K, use_db=False)
-    out = op(cp.asarray(x), *[cp.asarray(w[k]) for k in ("qweight", "scales")])
+    out = op(cp.asarray(x), *[cp.asarray(w[k]) for k in ("qweight", "scales", "zeros") if k in w])
     codes, a_scale = quantize_activation(spec, x)
     ref = reference_matmul_f32(spec, codes, w, a_scale=a_scale)
     got = out_to_f32(spec, out.get())
@@ -229,7 +230,7 @@ def test_a_tuned_config_that_does_not_compile_falls_back_to_the_heuristic(monkey
     assert heur != tuned
     made = []
 
-    def fake_kernel(spec, cfg, arch):
+    def fake_kernel(spec, cfg, arch, pdl=False):
         if cfg == tuned:
             raise CompileError("NVRTC failed for it (sm_90):\nerror: something new")
         made.append(cfg)
