@@ -80,11 +80,14 @@ def f32_to_f16(x) -> np.ndarray:
     x = xp.asarray(x, dtype=np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         h = x.astype(np.float16)
+    isnan = xp.isnan(x)
+    if not isnan.any():                      # (the usual case: no bit work)
+        return h
     u = x.view(np.uint32)
     c = np.uint32
     sig = (u & c(0x7FFFFF)) >> c(13)
     nan = ((u >> c(16)) & c(0x8000)) | c(0x7C00) | xp.where(sig == c(0), c(1), sig)
-    return xp.where(xp.isnan(x), nan.astype(np.uint16).view(np.float16), h)
+    return xp.where(isnan, nan.astype(np.uint16).view(np.float16), h)
 
 
 def f16_to_f32(x) -> np.ndarray:
@@ -92,10 +95,13 @@ def f16_to_f32(x) -> np.ndarray:
     cast does)."""
     xp = array_module(x)
     h = xp.asarray(x, dtype=np.float16)
+    isnan = xp.isnan(h)
+    if not isnan.any():
+        return h.astype(np.float32)
     u = h.view(np.uint16).astype(np.uint32)
     c = np.uint32
     nan = ((u & c(0x8000)) << c(16)) | c(0x7F800000) | ((u & c(0x3FF)) << c(13))
-    return xp.where(xp.isnan(h), nan.view(np.float32), h.astype(np.float32))
+    return xp.where(isnan, nan.view(np.float32), h.astype(np.float32))
 
 
 def f32_to_f16_bits(x) -> np.ndarray:

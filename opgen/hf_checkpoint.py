@@ -52,7 +52,7 @@ from torch import nn
 from .codegen import reference as R
 from .codegen.planner import PlanError, check_shape
 from .codegen.resolve import as_spec
-from .hf_formats import BITNET_SPECS, FORMATS, CheckpointError, Format, NotServed
+from .hf_formats import BITNET_SPECS, FORMATS, CheckpointError, Format, NotServed, Target
 from .model_shapes import read_json_object
 from .torch import QuantLinear, to_numpy, to_torch
 
@@ -308,8 +308,7 @@ def load_quantized(path: Union[str, Path], device=None, dtype: torch.dtype = tor
     if method not in FORMATS:
         raise CheckpointError(f"{src}: quantization_config.quant_method: {method!r}; opgen loads "
                               + ", ".join(FORMATS))
-    fmt = (FORMATS[method](q, str(src), dtype, bitnet_activations) if method == "bitnet"
-           else FORMATS[method](q, str(src), dtype))
+    fmt = FORMATS[method](q, str(src), Target(dtype, bitnet_activations))
     files = _Files(root)
     model = _empty_model(config, str(src), dtype)
     report = LoadReport(fmt.name, notes=list(fmt.notes))

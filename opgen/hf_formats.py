@@ -3,9 +3,10 @@ quantized linear's checkpoint tensors -> (spec, tensors in its storage) for
 QuantLinear; the loader of checkpoint directories is opgen.hf_checkpoint.
 
 FORMATS maps a quant_method to its reader: reader(quantization_config,
-config file, model dtype) -> Format, whose convert(name, module, tensors, N,
-K) takes one layer's tensors (torch, by the layer's own names: "qweight",
-"weight.absmax", "weight_packed", ...) and returns a Layer, raises
+config file, Target: the model's dtype and BitNet's activations) -> Format,
+whose convert(name, module, tensors, N, K) takes one layer's tensors
+(torch, by the layer's own names: "qweight", "weight.absmax",
+"weight_packed", ...) and returns a Layer, raises
 ValueError naming the tensor that is not what the format stores, or
 NotServed (a layer no spec and order of K can hold: its float weight).
 Specs are the shipped ones where they match, else user specs derived here
@@ -88,6 +89,20 @@ def _user_spec(d: dict, field_: str) -> Spec:
     return _SPECS[key]
 
 
+# How BitNet layers take their input (Target.bitnet_activations): int8 per
+# token as BitLinear does (W1.58A8, the authors' recipe), or the model's float
+# dtype (W1.58A16).
+BITNET_SPECS = {"int8": "bitnet_b158_a8", "float": "bitnet_b158"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the loaded model runs in: its float dtype, and how BitNet layers
+    take their input (a key of BITNET_SPECS)."""
+    dtype: torch.dtype = torch.float16
+    bitnet_activations: str = "int8"
+
+
 def _variant(base: str, dtype: torch.dtype, src: str, group: Optional[int] = None) -> Spec:
     """A shipped spec with the checkpoint's scale group and the model's
     activation dtype (bfloat16 models: bfloat16 activations, unless 8-bit,
@@ -168,7 +183,7 @@ def _group(q: Mapping, src: str, where: str = "quantization_config") -> int:
     return g
 
 
-def _gptq(q: Mapping, src: str, dtype) -> Format:
+def _gptq(q: Mapping, src: str, target: Target) -> Format:
     _get(q, "bits", src, 4, allowed=(4,))
     version = {"gptq": 1, "gptq_v2": 2}.get(q.get("checkpoint_format") or q.get("format") or "gptq")
     if version is None:
@@ -177,7 +192,7 @@ def _gptq(q: Mapping, src: str, dtype) -> Format:
     group = _group(q, src)
 
     def convert(name, module, st, N, K):
-        spec = _variant(ck.FORMATS[f"gptq_v{version}"], dtype, src, K if group == -1 else group)
+        spec = _variant(ck.FORMATS[f"gptq_v{version}"], target.dtype, src, K if group == -1 else group)
         st = _numpy(st)
         g_idx = st.pop("g_idx", None)
         _, t = ck.convert(f"gptq_v{version}", st, N, K, group=spec.b.scale.group, spec=spec)
@@ -187,7 +202,7 @@ def _gptq(q: Mapping, src: str, dtype) -> Format:
                    "qweight", convert)
 
 
-def _awq(q: Mapping, src: str, dtype) -> Format:
+def _awq(q: Mapping, src: str, target: Target) -> Format:
     _get(q, "bits", src, 4, allowed=(4,))
     if str(q.get("version", "gemm")).lower() != "gemm":
         raise CheckpointError(f"{src}: quantization_config.version: {q.get('version')!r}; opgen "
@@ -196,7 +211,7 @@ def _awq(q: Mapping, src: str, dtype) -> Format:
     group = _group(q, src)
 
     def convert(name, module, st, N, K):
-        spec = _variant(ck.FORMATS["awq"], dtype, src, K if group == -1 else group)
+        spec = _variant(ck.FORMATS["awq"], target.dtype, src, K if group == -1 else group)
         return Layer(spec, ck.convert("awq", _numpy(st), N, K, group=spec.b.scale.group, spec=spec)[1])
     return Format(f"awq gemm, 4-bit, group {group}", "qweight", convert)
 
@@ -211,7 +226,7 @@ def _bnb_fp4_spec(blocksize: int, dtype) -> Spec:
     return _user_spec(_activations(d, dtype), "bnb_4bit_quant_type")
 
 
-def _bnb(q: Mapping, src: str, dtype) -> Format:
+def _bnb(q: Mapping, src: str, target: Target) -> Format:
     if not (q.get("load_in_4bit") or q.get("_load_in_4bit")):
         raise CheckpointError(f"{src}: quantization_config.load_in_4bit: not true; opgen loads "
                               f"bitsandbytes 4-bit checkpoints (not 8-bit LLM.int8)")
@@ -224,7 +239,8 @@ def _bnb(q: Mapping, src: str, dtype) -> Format:
         absmax = st.get("weight.absmax")
         n = 0 if absmax is None else absmax.numel()
         bs = N * K // n if n and (N * K) % n == 0 else 64    # else: from_bnb_nf4 names the mismatch
-        spec = _variant("bnb_nf4", dtype, src, bs) if qt == "nf4" else _bnb_fp4_spec(bs, dtype)
+        spec = (_variant("bnb_nf4", target.dtype, src, bs) if qt == "nf4"
+                else _bnb_fp4_spec(bs, target.dtype))
         return Layer(spec, ck.from_bnb_nf4(_numpy(st), N, K, spec=spec))
     return Format(f"bitsandbytes {qt}", "weight.absmax", convert)
 
@@ -305,7 +321,7 @@ def _ct_matches(name: str, module: nn.Module, target: str) -> bool:
     return target == name or any(c.__name__ == target for c in type(module).__mro__)
 
 
-def _compressed_tensors(q: Mapping, src: str, dtype) -> Format:
+def _compressed_tensors(q: Mapping, src: str, target: Target) -> Format:
     groups = q.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise CheckpointError(f"{src}: quantization_config.config_groups: missing or empty")
@@ -339,7 +355,7 @@ def _compressed_tensors(q: Mapping, src: str, dtype) -> Format:
         sdt = "float16" if scale is None else {"uint16": "bfloat16"}.get(str(scale.dtype), str(scale.dtype))
         if sdt not in ("float16", "bfloat16", "float32"):
             raise ValueError(f"weight_scale: dtype {scale.dtype}, expected float16, bfloat16 or float32")
-        spec = _ct_spec(w, sdt, dtype, src)
+        spec = _ct_spec(w, sdt, target.dtype, src)
         t = _ct_tensors(spec, st, N, K)
         g_idx = st.get("weight_g_idx")
         perm = None if g_idx is None or w["strategy"] != "group" else _act_order(g_idx, spec, t, N, K)
@@ -348,33 +364,28 @@ def _compressed_tensors(q: Mapping, src: str, dtype) -> Format:
     return Format(f"compressed-tensors pack-quantized ({', '.join(kinds)})", "weight_packed", convert)
 
 
-def _mxfp4(q: Mapping, src: str, dtype) -> Format:
+def _mxfp4(q: Mapping, src: str, target: Target) -> Format:
     def convert(name, module, st, N, K):          # no nn.Linear holds *_blocks in gpt-oss
         raise ValueError("weight_blocks: an MXFP4 nn.Linear; opgen loads gpt-oss's MXFP4 experts")
     return Format("mxfp4 (gpt-oss)", "weight_blocks", convert, expert_suffixes=("_blocks", "_scales"))
 
 
-# How BitNet layers take their input (load_quantized's bitnet_activations):
-# int8 per token as BitLinear does (W1.58A8, the authors' recipe), or the
-# model's float dtype (W1.58A16).
-BITNET_SPECS = {"int8": "bitnet_b158_a8", "float": "bitnet_b158"}
-
-
-def _bitnet(q: Mapping, src: str, dtype, activations: str = "int8") -> Format:
+def _bitnet(q: Mapping, src: str, target: Target) -> Format:
     _get(q, "linear_class", src, "bitlinear", allowed=("bitlinear",))
     _get(q, "quantization_mode", src, "offline", allowed=("offline",))
     if q.get("use_rms_norm"):
         raise CheckpointError(f"{src}: quantization_config.use_rms_norm: true; opgen loads BitLinear "
                               f"layers without their own input RMSNorm")
-    base = BITNET_SPECS[activations]
+    acts = target.bitnet_activations
+    base = BITNET_SPECS[acts]
 
     def convert(name, module, st, N, K):
-        spec = _variant(base, dtype, src)
+        spec = _variant(base, target.dtype, src)
         return Layer(spec, ck.convert("bitnet_hf", _numpy(st), N, K, spec=spec)[1])
-    notes = () if activations == "int8" else (
+    notes = () if acts == "int8" else (
         f"note: BitLinear quantizes its input to int8 per token; on opgen ({base}) the input "
-        f"stays {str(dtype).replace('torch.', '')}",)
-    return Format(f"bitnet (BitLinear, offline; {activations} activations)", "weight_scale", convert,
+        f"stays {str(target.dtype).replace('torch.', '')}",)
+    return Format(f"bitnet (BitLinear, offline; {acts} activations)", "weight_scale", convert,
                   notes=notes)
 
 

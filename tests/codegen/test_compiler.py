@@ -73,9 +73,10 @@ def test_default_sass_and_resources(name, layout, M, arch):
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{stage_cfg.name}: local memory in SASS"
 
 
-def _check_tma_kernel(s, cfg, forbidden="LDL|STL"):
+def _check_sm90_kernel(s, cfg, forbidden="LDL|STL"):
     """No spills or stack; the config's instructions in the SASS and none of
-    `forbidden` (local memory; for decoded weights also cp.async)."""
+    `forbidden` (local memory; for decoded weights also cp.async); setmaxnreg
+    within the launch's registers."""
     c = compiler.compile_kernel(s, cfg, "sm_90")
     assert c.resources["spill_bytes"] == 0 and c.resources["stack"] == 0, f"{cfg.name}: {c.resources}"
     if compiler.find_nvdisasm() is None:
@@ -103,7 +104,7 @@ def test_tma_sass_and_resources(name, cluster):
     s = spec(name)
     BK = 64 if s.a.dtype == "float16" else 128          # 128-byte rows
     for BM, BN, WN in ((128, 256, 256), (64, 64, 64)):
-        _check_tma_kernel(s, planner.Config("gemm", BM, BN, BK, 64, WN, 4, 1, wgmma=True, tma=True, cluster=cluster))
+        _check_sm90_kernel(s, planner.Config("gemm", BM, BN, BK, 64, WN, 4, 1, wgmma=True, tma=True, cluster=cluster))
 
 
 @pytest.mark.slow
@@ -119,7 +120,7 @@ def test_tma_decode_sass_and_resources(name):
             if c.tma and not c.predecode and not c.raster]
     assert cfgs and {c.BN for c in cfgs} >= {64, 128, 256}
     for cfg in cfgs:
-        _check_tma_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
+        _check_sm90_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
 
 
 @pytest.mark.slow
@@ -163,7 +164,7 @@ def test_rs_gemm_sass_and_resources(name, kernel):
     # (the setmaxnreg split is exercised: by the 4-bit kernels at least)
     assert not kernel.endswith("/halves") or any(planner.geometry(s, c, "sm_90")["regs"] for c in deepest)
     for cfg in deepest:
-        _check_tma_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
+        _check_sm90_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
         log = compiler.compile_kernel(s, cfg, "sm_90").log
         assert "C7513" not in log and "C7514" not in log, f"{cfg.name}: wgmma serialized"
     least = {}
@@ -189,8 +190,9 @@ def test_widened_codes_every_config(name):
     registers: each kind of config the tuner may time (M = 16, 256, 4096;
     every tile in its deepest ring, unsplit and most split) compiles with no
     spills or local memory, the 8-bit tensor-core op (IMMA / IGMMA, QGMMA;
-    e4m3 mma.sync runs as HMMA on sm_90) and cp.async in the SASS, and no serialized wgmma (the group flush reads the accumulators
-    only after wgmma.wait_group 0). (sm_80: the default picks,
+    e4m3 mma.sync runs as HMMA on sm_90) and cp.async in the SASS, and no
+    serialized wgmma (the group flush reads the accumulators only after
+    wgmma.wait_group 0). (sm_80: the default picks,
     test_default_sass_and_resources.)"""
     s = spec(name)
     cands = {c for M in (16, 256, 4096) for c in planner.candidates(s, "sm_90", M, 8192, 8192)}
@@ -200,17 +202,10 @@ def test_widened_codes_every_config(name):
         kinds.setdefault((c.BM, c.BN, c.BK, c.WM, c.WN, c.wgmma, c.min_blocks), []).append(c)
     cfgs = {max(cs, key=lambda c: (c.split_k == 1, c.stages)) for cs in kinds.values()} | \
            {max(cs, key=lambda c: (c.split_k, c.stages)) for cs in kinds.values()}
-    arch = "sm_90"
     for cfg in sorted(cfgs, key=lambda c: c.name):
-        c = compiler.compile_kernel(s, cfg, arch)
-        assert c.resources["spill_bytes"] == 0 and c.resources["stack"] == 0, f"{cfg.name}: {c.resources}"
-        assert "C7513" not in c.log and "C7514" not in c.log, f"{cfg.name}: wgmma serialized"
-        if compiler.find_nvdisasm() is None:
-            pytest.skip("nvdisasm not installed (extra 'sass')")
-        sass = compiler.disassemble(c.cubin)
-        for op in _sass_ops(cfg, s.a.dtype):
-            assert re.search(rf"\b{op}\b", sass), f"{cfg.name}: no {op} in SASS"
-        assert not re.search(r"\b(LDL|STL)\b", sass), f"{cfg.name}: local memory in SASS"
+        log = compiler.compile_kernel(s, cfg, "sm_90").log
+        assert "C7513" not in log and "C7514" not in log, f"{cfg.name}: wgmma serialized"
+        _check_sm90_kernel(s, cfg)
 
 
 @pytest.mark.parametrize("name", ["bnb_nf4", "mxfp4"])
@@ -393,7 +388,7 @@ def test_rs_gemm_bf16_activations(name):
     assert planner.rs.kernel_class(s, "sm_90").endswith("/bfloat16")
     cfgs = [c for c in planner.candidates(s, "sm_90", 64, 8192, 8192) if c.rs]
     assert cfgs
-    _check_tma_kernel(s, cfgs[len(cfgs) // 2], forbidden="LDL|STL|LDGSTS")
+    _check_sm90_kernel(s, cfgs[len(cfgs) // 2], forbidden="LDL|STL|LDGSTS")
 
 
 # What nvdisasm prints for the PDL instructions on sm_90 (templates/pdl.cuh):

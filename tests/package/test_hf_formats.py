@@ -115,5 +115,5 @@ def test_compressed_tensors_targets():
 ])
 def test_config_errors_name_the_field(method, q, msg):
     with pytest.raises(hf.CheckpointError) as ei:
-        hf.FORMATS[method](q, SRC, torch.float16)
+        hf.FORMATS[method](q, SRC, hf.Target(torch.float16))
     assert str(ei.value).startswith(f"{SRC}: {msg}")
