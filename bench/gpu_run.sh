@@ -26,6 +26,10 @@
 #                                                  NCU_DETAILS=1 stall reasons, NCU_SASS=1 the SASS
 #                                                  lines stalled on most
 #   bash bench/gpu_run.sh probe                    bench/wgmma_probe.py -> wgmma_probe.json, .txt
+#   bash bench/gpu_run.sh e2e [E2E_ARGS...]        opgen bench --e2e (Llama-3-8B shape, random
+#                                                  weights) into $OUT/e2e: e2e.json, e2e.md, e2e.png;
+#                                                  gemlite from .whl/gemlite-*.whl when carried
+#                                                  (bench/README.md says how to build it)
 #   bash bench/gpu_run.sh memcheck [PYTEST_ARGS...] compute-sanitizer memcheck of one config of
 #                                                  each kernel kind per spec at odd tails
 #                                                  (test_kernel.py -k memcheck) -> memcheck.txt;
@@ -35,10 +39,10 @@
 # Time limits per step (s, SIGINT: the tuner keeps every pair it stored, the
 # bench every spec it finished): T_TEST (240), T_TUNE (300), T_BENCH (150),
 # T_SWEEP (240, all entries), T_NCU (90 per pass); `ship` takes T_TEST 120 and
-# T_TUNE 280 to stay under a device call's 600 s. BUDGET_MS: device time per
+# T_TUNE 280 to stay under a device call's 600 s; T_E2E (540). BUDGET_MS: device time per
 # measurement of tune (5) and sweep (2).
 set -u
-cmd=${1:?usage: bash bench/gpu_run.sh verify|tune|bench|ship|sweep|ncu|probe|memcheck [ARGS...]}; shift
+cmd=${1:?usage: bash bench/gpu_run.sh verify|tune|bench|ship|sweep|ncu|probe|memcheck|e2e [ARGS...]}; shift
 OUT=${OUT:-/tmp/opgen_out}; mkdir -p "$OUT"
 export OPGEN_CACHE_DIR=${OPGEN_CACHE_DIR:-/tmp/opgen_cache} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 DB="$OUT/nvidia_h200.json"
@@ -110,6 +114,18 @@ bench() {
   grep -A40 "^## Targets" "$OUT/bench.md" 2> /dev/null | head -42
 }
 
+e2e() {
+  # gemlite (a pure-Python peer) as a wheel carried in .whl: installed aside, not into the image
+  if ls .whl/gemlite-*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/opgen_site .whl/gemlite-*.whl \
+      && export PYTHONPATH=/tmp/opgen_site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  timeout -s INT -k 10 "${T_E2E:-540}" python3 -m opgen.bench --e2e --out "$OUT/e2e" "$@" \
+    > "$OUT/e2e_log.txt" 2>&1
+  echo "e2e rc=$?"; tail -4 "$OUT/e2e_log.txt"
+  sed -n '/^## Results/,$p' "$OUT/e2e/e2e.md" 2> /dev/null | head -60
+}
+
 sweep() {
   local e spec ms fam left end=$(( $(date +%s) + ${T_SWEEP:-240} ))
   for e in "$@"; do
@@ -167,7 +183,8 @@ case "$cmd" in
   sweep) sweep "$@" ;;
   ncu) ncu_one "$@" ;;
   memcheck) memcheck "$@" ;;
+  e2e) e2e "$@" ;;
   probe) timeout "${T_PROBE:-120}" python3 bench/wgmma_probe.py --out "$OUT/wgmma_probe.json" \
            > "$OUT/wgmma_probe.txt" 2>&1; tail -40 "$OUT/wgmma_probe.txt" ;;
-  *) echo "unknown command $cmd: verify|tune|bench|ship|sweep|ncu|probe|memcheck" >&2; exit 2 ;;
+  *) echo "unknown command $cmd: verify|tune|bench|ship|sweep|ncu|probe|memcheck|e2e" >&2; exit 2 ;;
 esac

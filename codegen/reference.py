@@ -47,7 +47,8 @@ def code_values(spec: SpecLike, raw: np.ndarray) -> np.ndarray:
     """The number each raw code stands for (float32, exact)."""
     w = weight_of(spec)
     code = weight_code(w)
-    raw = np.asarray(raw, dtype=np.int64)
+    xp = nx.array_module(raw)
+    raw = xp.asarray(raw, dtype=np.int64)
     if code.kind == "uint":
         return raw.astype(np.float32)
     if code.kind == "int":
@@ -55,7 +56,7 @@ def code_values(spec: SpecLike, raw: np.ndarray) -> np.ndarray:
     if code.kind == "ternary":
         return (raw - 1).astype(np.float32)     # raw 3 is not a valid ternary code
     if code.kind == "table":
-        return np.asarray(code.table, dtype=np.float32)[raw]
+        return xp.asarray(np.asarray(code.table, dtype=np.float32))[raw]
     if w.dtype == "float16":
         return nx.f16_bits_to_f32(raw)
     return nx.from_storage(raw, w.dtype)        # bfloat16 bits, fp8 bits
@@ -86,51 +87,55 @@ def n_raw_codes(w: Weight) -> int:
 # --- scales and zero points per element --------------------------------------------
 
 
-def scale_logical(w: Weight, tensors: dict, N: int, K: int) -> np.ndarray:
-    """The stored scales (shape checked) as float32 logical [R, G]."""
+def scale_logical(w: Weight, tensors: dict, N: int, K: int, xp=np) -> np.ndarray:
+    """The stored scales (shape checked) as float32 logical [R, G] (xp: the
+    array module of the result when the spec stores none)."""
     if w.scale is None:
-        return np.ones((1, 1), np.float32)
-    stored = np.asarray(tensors["scales"])
+        return xp.ones((1, 1), np.float32)
+    stored = nx.array_module(tensors["scales"]).asarray(tensors["scales"])
     want = scale_shape(w.scale, N, K)
     if stored.shape != want:
         raise ValueError(f"scales have shape {stored.shape}, expected {want}")
     return from_layout(w.scale, nx.from_storage(stored, w.scale.dtype), N, K)
 
 
-def zero_logical(w: Weight, tensors: dict, N: int, K: int) -> np.ndarray:
-    """The zero points z (int zeros with their offset) as float32 logical [R, G]."""
+def zero_logical(w: Weight, tensors: dict, N: int, K: int, xp=np) -> np.ndarray:
+    """The zero points z (int zeros with their offset) as float32 logical [R, G]
+    (xp: as scale_logical's)."""
     z = w.zero
     if z.kind == "none":
-        return np.zeros((1, 1), np.float32)
+        return xp.zeros((1, 1), np.float32)
     if z.kind == "const":
-        return np.full((1, 1), z.value, np.float32)
-    stored = np.asarray(tensors["zeros"])
+        return xp.full((1, 1), z.value, np.float32)
+    stored = nx.array_module(tensors["zeros"]).asarray(tensors["zeros"])
     want = zero_shape(w, N, K)
     if stored.shape != want:
         raise ValueError(f"zeros have shape {stored.shape}, expected {want}")
     if z.kind == "float":
         vals = nx.from_storage(stored, z.dtype)
     else:
-        vals = (decode_zeros(w, stored) + z.offset).astype(np.float32)
+        vals = (decode_zeros(w, stored) + np.int64(z.offset)).astype(np.float32)
     return from_layout(w.scale, vals, N, K)
 
 
-def scales_nk(spec: SpecLike, tensors: dict, N: int, K: int) -> np.ndarray:
-    """The scale applying to each weight element, float32 [N, K] (1 without a scale)."""
-    return np.array(expand(scale_logical(weight_of(spec), tensors, N, K), N, K))
+def scales_nk(spec: SpecLike, tensors: dict, N: int, K: int, xp=np) -> np.ndarray:
+    """The scale applying to each weight element, float32 [N, K] (1 without a
+    scale; xp: as scale_logical's)."""
+    return xp.array(expand(scale_logical(weight_of(spec), tensors, N, K, xp), N, K))
 
 
-def zeros_nk(spec: SpecLike, tensors: dict, N: int, K: int) -> np.ndarray:
+def zeros_nk(spec: SpecLike, tensors: dict, N: int, K: int, xp=np) -> np.ndarray:
     """The zero point z applying to each weight element, float32 [N, K]
-    (int zeros already include the offset)."""
-    return np.array(expand(zero_logical(weight_of(spec), tensors, N, K), N, K))
+    (int zeros already include the offset; xp: as scale_logical's)."""
+    return xp.array(expand(zero_logical(weight_of(spec), tensors, N, K, xp), N, K))
 
 
 # --- dequantize --------------------------------------------------------------------------
 
 
 def _apply_formula(formula: str, q, s, z) -> np.ndarray:
-    q, s, z = (np.asarray(v, dtype=np.float32) for v in (q, s, z))
+    xp = nx.array_module(q)
+    q, s, z = (xp.asarray(v, dtype=np.float32) for v in (q, s, z))
     if formula == "(q - z) * s":
         return (q - z) * s
     if formula == "q * s - z":
@@ -139,14 +144,16 @@ def _apply_formula(formula: str, q, s, z) -> np.ndarray:
 
 
 def dequantize(spec: SpecLike, tensors: dict, N: int, K: int) -> np.ndarray:
-    """Stored tensors -> the real weight W, float32 [N, K]."""
+    """Stored tensors -> the real weight W, float32 [N, K]: numpy arrays on
+    the CPU, CuPy arrays on their GPU (the same values; no host copy)."""
     w = weight_of(spec)
-    qweight = np.asarray(tensors["qweight"])
+    xp = nx.array_module(tensors["qweight"])
+    qweight = xp.asarray(tensors["qweight"])
     want = weight_storage_shape(w, N, K)
     if qweight.shape != want:
         raise ValueError(f"qweight has shape {qweight.shape}, expected {want}")
     q = code_values(w, decode_storage(w, qweight))
-    return _apply_formula(w.formula, q, scales_nk(w, tensors, N, K), zeros_nk(w, tensors, N, K))
+    return _apply_formula(w.formula, q, scales_nk(w, tensors, N, K, xp), zeros_nk(w, tensors, N, K, xp))
 
 
 # --- activations -----------------------------------------------------------------------

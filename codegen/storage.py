@@ -17,9 +17,9 @@ Conventions used throughout
   a tensor scale), G = number of K groups (1 for channel and tensor scales).
   `to_layout` / `from_layout` convert to the stored shapes of
   `spec.scale_shape` / `spec.zero_shape`.
-* The encoding direction (encode_codes, encode_zeros, blocks, to_layout) runs
-  on numpy or CuPy arrays alike (numerics.array_module): quantize_weight on
-  the GPU stores the same bytes.
+* Both directions run on numpy or CuPy arrays alike (numerics.array_module):
+  quantize_weight on the GPU stores the same bytes, and reference.dequantize
+  on the GPU reads them back to the same values.
 """
 from __future__ import annotations
 
@@ -102,16 +102,17 @@ def _unpack(words: np.ndarray, axis: int, bits: int, pack: Pack) -> np.ndarray:
     """Inverse of `_pack`: raw fields (int64), the packed axis P times longer."""
     P = CONTAINER_BITS[pack.container] // bits
     order = _order(pack, P)
-    words = np.asarray(words)
+    xp = nx.array_module(words)
+    words = xp.asarray(words)
     u = words.view(np.uint32) if words.dtype == np.int32 else words
-    u = np.moveaxis(u.astype(np.uint64), axis, -1)
-    out = np.empty(u.shape + (P,), dtype=np.int64)
+    u = xp.moveaxis(u.astype(np.uint64), axis, -1)
+    out = xp.empty(u.shape + (P,), dtype=np.int64)
     for i, dst in enumerate(order):
         out[..., dst] = ((u >> np.uint64(bits * i)) & np.uint64((1 << bits) - 1)).astype(np.int64)
     if pack.planes:
-        out = np.moveaxis(out, -1, -2)                            # [..., P, W]: plane by plane
+        out = xp.moveaxis(out, -1, -2)                            # [..., P, W]: plane by plane
     out = out.reshape(*u.shape[:-1], -1)
-    return np.moveaxis(out, -1, axis)
+    return xp.moveaxis(out, -1, axis)
 
 
 def _unpacked_dtype(dtype: str, kind: str):
@@ -133,10 +134,10 @@ def _fields_to_elements(raw: np.ndarray, dtype: str, kind: str, bits: int) -> np
 
 
 def _elements_to_fields(elems: np.ndarray, dtype: str, bits: int) -> np.ndarray:
-    elems = np.asarray(elems)
+    elems = nx.array_module(elems).asarray(elems)
     if elems.dtype == np.float16:
         elems = elems.view(np.uint16)
-    return elems.astype(np.int64) & ((1 << bits) - 1)
+    return elems.astype(np.int64) & np.int64((1 << bits) - 1)
 
 
 def _weight_pack_axis(w: Weight) -> int:
@@ -167,7 +168,7 @@ def decode_storage(spec: SpecLike, qweight: np.ndarray) -> np.ndarray:
         stored = _elements_to_fields(qweight, w.dtype, code.bits)
     else:
         stored = _unpack(qweight, _weight_pack_axis(w), code.bits, w.pack)
-    return np.ascontiguousarray(stored if w.layout == "nt" else stored.T)
+    return nx.array_module(stored).ascontiguousarray(stored if w.layout == "nt" else stored.T)
 
 
 # --- scale / zero layouts ----------------------------------------------------------------
@@ -204,7 +205,7 @@ def to_layout(s: Optional[Scale], logical: np.ndarray) -> np.ndarray:
 
 def from_layout(s: Optional[Scale], stored: np.ndarray, N: int, K: int) -> np.ndarray:
     """Stored scale-shaped array -> logical [R, G]."""
-    stored = np.asarray(stored)
+    stored = nx.array_module(stored).asarray(stored)
     if s is None or s.granularity == "tensor":
         return stored.reshape(1, 1)
     if s.granularity == "channel":
@@ -215,7 +216,8 @@ def from_layout(s: Optional[Scale], stored: np.ndarray, N: int, K: int) -> np.nd
 def expand(logical: np.ndarray, N: int, K: int) -> np.ndarray:
     """Logical [R, G] -> per element [N, K]."""
     R, G = logical.shape
-    return np.broadcast_to(np.repeat(logical, K // G, axis=1), (N, K))
+    xp = nx.array_module(logical)
+    return xp.broadcast_to(xp.repeat(logical, K // G, axis=1), (N, K))
 
 
 def _zero_pack_axis(w: Weight) -> int:
@@ -232,7 +234,7 @@ def _decode_int_zeros(w: Weight, stored: np.ndarray) -> np.ndarray:
     z = w.zero
     zc = WEIGHT_CODES[z.dtype]
     if z.pack is None:
-        return np.asarray(stored).astype(np.int64)
+        return nx.array_module(stored).asarray(stored).astype(np.int64)
     raw = _unpack(stored, _zero_pack_axis(w), zc.bits, z.pack)
     return sign_extend(raw, zc.bits) if zc.kind == "int" else raw
 

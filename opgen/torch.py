@@ -41,7 +41,7 @@ from .runtime.op import LAYOUTS, MatmulOp
 from .runtime.progress import Progress
 
 __all__ = ["QuantLinear", "replace_linear", "ReplaceReport", "quantized", "quantize_activation",
-           "matmul", "handle_for", "to_numpy", "to_torch"]
+           "matmul", "handle_for", "to_numpy", "to_array", "to_torch"]
 
 _FLOAT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 # storage dtype names (checkpoints.expected_tensors' first choice) -> torch dtype
@@ -91,6 +91,23 @@ def to_numpy(t) -> np.ndarray:
     if t.dtype == torch.uint32:      # int32 containers saved unsigned: same bits
         return t.view(torch.int32).numpy()
     return t.numpy()
+
+
+def to_array(t):
+    """A tensor as an array in opgen's storage conventions where it lies: a
+    CPU tensor as numpy (`to_numpy`), a CUDA tensor as CuPy sharing its
+    memory (DLPack; bfloat16 as uint16 bits, fp8 as uint8 bits)."""
+    if not (isinstance(t, torch.Tensor) and t.is_cuda):
+        return to_numpy(t)
+    import cupy
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return cupy.from_dlpack(t.view(torch.int16)).view(cupy.uint16)
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return cupy.from_dlpack(t.view(torch.uint8))
+    if t.dtype == torch.uint32:
+        return cupy.from_dlpack(t.view(torch.int32))
+    return cupy.from_dlpack(t)
 
 
 def to_torch(a, device=None) -> torch.Tensor:
@@ -286,6 +303,20 @@ class QuantLinear(nn.Module):
         st = {k: to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
         spec, t = ck.convert(fmt, st, out_features, in_features, **kw)
         return cls(spec, in_features, out_features, device=device, **t)
+
+    def dequantized(self) -> torch.Tensor:
+        """The real weight W [N, K], float32, on the layer's device: the
+        reference dequantization of the stored tensors (codegen.reference;
+        CuPy on a GPU, on torch's current stream), what the kernels compute
+        with."""
+        tensors = {k: to_array(getattr(self, k)) for k in ("qweight", "scales", "zeros")
+                   if getattr(self, k) is not None}
+        if not self.qweight.is_cuda:
+            return to_torch(R.dequantize(self.kernel_spec, tensors, self.out_features, self.in_features))
+        import cupy
+        with cupy.cuda.Device(self.qweight.device.index), arrays.stream_for("torch", self.qweight):
+            w = R.dequantize(self.kernel_spec, tensors, self.out_features, self.in_features)
+            return torch.from_dlpack(w)
 
     # --- forward ---
 

@@ -62,6 +62,7 @@ class NumpySession(workbench.Session):
     """The Session's device interface on numpy, no GPU; kernel(spec, "faulty")
     spoils its output as `fault` says."""
     xp = np
+    arch = "sm_90"                              # (graph mode's PDL variant runs here)
     base_limit = 256
     l2 = 1 << 20
     stream = contextlib.nullcontext()

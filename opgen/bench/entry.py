@@ -36,11 +36,13 @@ def run(args: argparse.Namespace, command: str) -> int:
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "env": g.env(),
         "plan": {"specs": [s.name for s in specs], "shapes": [list(s) for s in plan.shapes],
-                 "Ms": list(plan.Ms), "peers": list(plan.peers), "graph": plan.graph},
+                 "Ms": list(plan.Ms), "peers": list(plan.peers), "graph": plan.graph,
+                 "pdl": plan.graph and plan.pdl},
         "timing": {"budget_ms": args.budget_ms, "method": "CUDA events, launches queued behind a "
                    "spin kernel (runtime.timing.Timer), median of samples, rotating input copies "
                    "(> 2x L2 in total)", "l2_bytes": g.l2,
-                   "graph": graph_mode.METHOD if plan.graph else None},
+                   "graph": graph_mode.METHOD if plan.graph else None,
+                   "graph_pdl": graph_mode.PDL_METHOD if plan.graph and plan.pdl else None},
         "peers": list(plan.peers),
     }
     db = None
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         by_m = peers[N, K]
         for spec in specs:
             for r in g.time_spec(spec, N, K, plan.Ms, db=db, use_db=not args.no_db,
-                                 verify=not args.no_verify, graph=plan.graph):
+                                 verify=not args.no_verify, graph=plan.graph, pdl=plan.pdl):
                 pr = by_m[r["M"]]
                 for p in plan.peers:
                     r[f"{p}_us"] = pr.get(f"{p}_us")
@@ -103,7 +105,8 @@ def run(args: argparse.Namespace, command: str) -> int:
     for p in paths:
         print(p)
     failed = [r for r in rows if r.get("opgen_us") is None or r.get("verified") is False
-              or r.get("linear_verified") is False or r.get("graph_verified") is False]
+              or r.get("linear_verified") is False or r.get("graph_verified") is False
+              or r.get("graph_pdl_verified") is False]
     if failed:
         print(f"opgen bench: {len(failed)} row(s) failed or computed wrong results "
               "(see bench.md, Problems)", file=sys.stderr)

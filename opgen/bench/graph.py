@@ -31,6 +31,13 @@ over a model's step), reported beside the isolated one.
 * Only M <= MAX_M (decode, speculative decoding, small batches): above it a
   launch's start-up and tail are a small part of its time, and a graph row
   costs L times an isolated one.
+* PDL (where the arch has it, pdl_available): the same L layers with their
+  kernels built for programmatic dependent launch (Kernel(pdl=True):
+  runtime/pdl.py's launch, which the capture records as programmatic edges),
+  so that each layer starts under the previous one's tail; warmed up,
+  captured, checked (against the plain kernels' eager outputs) and timed
+  the same way: opgen_graph_pdl_us, graph_pdl_verified, graph_pdl_rel_err,
+  graph_pdl_error.
 
 opgen's layers run on the runtime workbench (Session.capture: CuPy's stream
 capture), here; the peers' in torch (peers.py, runner.Gpu.capture:
@@ -42,6 +49,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..codegen import hw, render
 from ..runtime import tiled
 from .failures import short_error
 from .roofline import _r
@@ -54,6 +62,14 @@ MAX_M = 16               # graph mode for rows up to this M
 METHOD = (f"L distinct layers (own weights each; L >= {MIN_LAYERS}, their weights together > "
           f"{L2_FACTOR}x L2, within the memory cap) captured once into one CUDA graph, replayed "
           f"under CUDA events; median per replay / L; rows with M <= {MAX_M}")
+PDL_METHOD = ("the same layers with kernels built and launched for programmatic dependent "
+              "launch (each starts under the previous one's tail), captured and timed the same "
+              f"way; sm_{render.PDL_MIN_CC}+")
+
+
+def pdl_available(arch: str) -> bool:
+    """Whether arch has programmatic dependent launch (codegen/render.py's PDL_MIN_CC)."""
+    return hw.arch(arch).cc >= render.PDL_MIN_CC
 
 
 def layer_count(weight_bytes: int, layer_bytes: int, l2: int, cap: int) -> int:
@@ -120,11 +136,13 @@ def compare(eager: List[np.ndarray], got: List[np.ndarray]) -> tuple:
     return bad, err
 
 
-def time_opgen(problem, kernel, *, budget_ms: float, tol: Optional[float]) -> dict:
+def time_opgen(problem, kernel, *, budget_ms: float, tol: Optional[float],
+               pdl_kernel=None) -> dict:
     """opgen's graph-mode fields of a row (problem at its selected M):
     graph_layers, graph_bytes (weights of all the layers), opgen_graph_us
     (µs per layer) and, with tol, graph_verified and graph_rel_err; or
-    graph_error."""
+    graph_error.  pdl_kernel: the same op built with pdl, timed on the same
+    layers into the graph_pdl fields (opgen_graph_pdl_us, ...)."""
     session = problem.session
     out: dict = {}
     try:
@@ -136,29 +154,42 @@ def time_opgen(problem, kernel, *, budget_ms: float, tol: Optional[float]) -> di
     except Exception as e:
         out["graph_error"] = "layers: " + short_error(e)
         return out
+    eager = _time_variant(problem, layers, kernel, "graph", budget_ms, tol, None, out)
+    if pdl_kernel is not None:
+        _time_variant(problem, layers, pdl_kernel, "graph_pdl", budget_ms, tol, eager, out)
+    return out
+
+
+def _time_variant(problem, layers: OpgenLayers, kernel, key: str, budget_ms: float,
+                  tol: Optional[float], eager, out: dict):
+    """The layers launched by `kernel`: warmed up, captured, checked against
+    `eager` (the outputs of an eager run, else this one's) and timed into
+    out's opgen_{key}_us, {key}_verified, {key}_rel_err or {key}_error.
+    Returns the eager outputs it checked against (None without tol)."""
+    session = problem.session
+    layers.kernel = kernel
     stage = "warm-up"
     try:
         with session.stream:
             layers.enqueue()
         session.synchronize()
-        eager = layers.host_outs() if tol is not None else None
+        if tol is not None and eager is None:
+            eager = layers.host_outs()
         stage = "capture"
         graph = session.capture(layers.enqueue)
         if tol is not None:
             stage = "replay"
-            _check(problem, layers, graph, eager, tol, out)
+            _check(problem, layers, graph, eager, tol, out, key)
         stage = "timing"
         t = session.timer.measure(lambda i: graph.launch(session.stream), None,
                                   budget_us=budget_ms * 1e3)
-        out["opgen_graph_us"] = _r(t.median_us / L)
+        out[f"opgen_{key}_us"] = _r(t.median_us / layers.L)
     except Exception as e:
-        out["graph_error"] = f"{stage}: " + short_error(e)
-    finally:
-        graph = layers = None
-    return out
+        out[f"{key}_error"] = f"{stage}: " + short_error(e)
+    return eager
 
 
-def _check(problem, layers: OpgenLayers, graph, eager, tol: float, out: dict) -> None:
+def _check(problem, layers: OpgenLayers, graph, eager, tol: float, out: dict, key: str) -> None:
     session, spec = problem.session, problem.spec
     with session.stream:
         for o in layers.outs:
@@ -166,10 +197,10 @@ def _check(problem, layers: OpgenLayers, graph, eager, tol: float, out: dict) ->
         graph.launch(session.stream)
     session.synchronize()
     bad, err = compare(eager, layers.host_outs())
-    out["graph_verified"] = bad == 0 and err <= tol
-    out["graph_rel_err"] = err if bad == 0 else None
+    out[f"{key}_verified"] = bad == 0 and err <= tol
+    out[f"{key}_rel_err"] = err if bad == 0 else None
     if bad:
-        out["graph_verify_msg"] = f"{bad} outputs NaN/Inf after one replay (unwritten?)"
+        out[f"{key}_verify_msg"] = f"{bad} outputs NaN/Inf after one replay (unwritten?)"
     elif err > tol:
-        out["graph_verify_msg"] = (f"graph differs from the eager run: relative error "
-                                   f"{err:.2e} > {tol:.2e}")
+        out[f"{key}_verify_msg"] = (f"graph differs from the eager run: relative error "
+                                    f"{err:.2e} > {tol:.2e}")

@@ -3,8 +3,9 @@
 pick; which one is recorded), checked and timed on the runtime workbench's
 tiled problem, and for int8/fp8 activations opgen's fused linear from fp16
 activations (quantize + GEMM); with graph, for M <= graph.MAX_M also the op
-in graph mode (graph.py).  `session` is a runtime.workbench.Session (tests
-put a numpy one in its place)."""
+in graph mode (graph.py), and with pdl (where the arch has it) the same op
+loaded with pdl=True in graph mode too.  `session` is a
+runtime.workbench.Session (tests put a numpy one in its place)."""
 from __future__ import annotations
 
 import math
@@ -45,13 +46,15 @@ def _check(problem, kernel, tol: float) -> dict:
 
 def time_spec(session, spec, N: int, K: int, Ms: Sequence[int], *, db, use_db: bool,
               verify: bool, graph: bool, budget_ms: float, seed: int, mem_cap: int,
-              log: Callable[[str], None]) -> List[dict]:
+              log: Callable[[str], None], pdl: bool = True) -> List[dict]:
     """Rows for (spec, N, K, each M): opgen's matmul on quantized activations
     (opgen_us), with graph and M <= graph.MAX_M the same in graph mode
-    (opgen_graph_us per layer, graph_layers, ...: graph.time_opgen) and, for
-    int8/fp8 activations, opgen's fused linear from fp16 activations
-    (opgen_linear_us).  A row is checked (verified, rel_err) within
-    BENCH_FACTOR x the tolerance before it is timed."""
+    (opgen_graph_us per layer, graph_layers, ...: graph.time_opgen; with pdl,
+    on an arch that has it, also opgen_graph_pdl_us, ...: the op loaded with
+    pdl=True, the same configs) and, for int8/fp8 activations, opgen's fused
+    linear from fp16 activations (opgen_linear_us).  A row is checked
+    (verified, rel_err) within BENCH_FACTOR x the tolerance before it is
+    timed."""
     rows = {M: {"spec": spec.name, "N": N, "K": K, "M": M, "opgen_us": None} for M in Ms}
     tol = BENCH_FACTOR * tolerance(spec)
     try:
@@ -65,6 +68,9 @@ def time_spec(session, spec, N: int, K: int, Ms: Sequence[int], *, db, use_db: b
                 r.update(layout=op.kernel_spec.name, prepare_ms=prepare_ms)
             op = ops.load(op.kernel_spec, N=N, K=K, db=db, use_db=use_db)
         problem = session.problem(op.spec, N, K, seed, mem_cap)
+        pdl_op = None
+        if graph and pdl and graph_mode.pdl_available(session.arch):
+            pdl_op = ops.load(op.spec, N=N, K=K, db=db, use_db=use_db, pdl=True)
     except Exception as e:
         for r in rows.values():
             r["error"] = "setup: " + short_error(e)
@@ -95,7 +101,7 @@ def time_spec(session, spec, N: int, K: int, Ms: Sequence[int], *, db, use_db: b
                 log(f"{spec.name} {N}x{K} M={M}: {t.median_us:.2f} us ({r['config']}, "
                     f"{r['source']})" + ("" if r.get("verified") is not False else "  OUTPUT WRONG"))
                 if graph and M <= graph_mode.MAX_M:
-                    _time_graph(problem, kernel, r, verify, tol, budget_ms, log)
+                    _time_graph(problem, kernel, pdl_op, r, verify, tol, budget_ms, log)
             except Exception as e:
                 r["error"] = short_error(e)
                 log(f"{spec.name} {N}x{K} M={M}: failed: {r['error']}")
@@ -128,17 +134,23 @@ def _time_prepare(session, op, seed: int, mem_cap: int, repeats: int = 5) -> Opt
     return round(statistics.median(times), 3)
 
 
-def _time_graph(problem, kernel, r: dict, verify: bool, tol: float, budget_ms: float,
+def _time_graph(problem, kernel, pdl_op, r: dict, verify: bool, tol: float, budget_ms: float,
                 log) -> None:
     spec, N, K, M = problem.spec, problem.N, problem.K, problem.M
     r.update(graph_mode.time_opgen(problem, kernel, budget_ms=budget_ms,
-                                   tol=tol if verify else None))
+                                   tol=tol if verify else None,
+                                   pdl_kernel=None if pdl_op is None else as_kernel(pdl_op)))
     where = f"{spec.name} {N}x{K} M={M}: graph"
     if r.get("graph_error"):
         log(f"{where} failed: {r['graph_error']}")
     else:
         log(f"{where} of {r['graph_layers']} layers: {r['opgen_graph_us']:.2f} us per layer"
             + ("" if r.get("graph_verified") is not False else "  OUTPUT WRONG"))
+    if r.get("graph_pdl_error"):
+        log(f"{where} with PDL failed: {r['graph_pdl_error']}")
+    elif "opgen_graph_pdl_us" in r:
+        log(f"{where} with PDL: {r['opgen_graph_pdl_us']:.2f} us per layer"
+            + ("" if r.get("graph_pdl_verified") is not False else "  OUTPUT WRONG"))
 
 
 def _time_linear(problem, lin, r: dict, M: int, verify: bool, tol: float, budget_ms: float,

@@ -41,13 +41,15 @@ class Plan:
     Ms: Tuple[int, ...]
     peers: Tuple[str, ...]
     graph: bool = True              # graph mode too (graph.py; --no-graph: isolated only)
+    pdl: bool = True                # graph mode's PDL variant too, sm_90+ (--no-pdl: without)
 
 
 def resolve_plan(args, shipped_matmul: Optional[Sequence[str]] = None) -> Plan:
     """The specs, shapes, Ms and peers to run (args: the command line's
-    specs, shapes, Ms, peers, quick and no_graph): --quick's set, else the
-    full defaults; an explicit --specs/--shapes/--Ms/--peers wins over both.
-    Graph mode is on unless --no-graph.
+    specs, shapes, Ms, peers, quick, no_graph and no_pdl): --quick's set,
+    else the full defaults; an explicit --specs/--shapes/--Ms/--peers wins
+    over both. Graph mode is on unless --no-graph, its PDL variant unless
+    --no-pdl.
     shipped_matmul: the default spec list (asked of the shipped specs if None)."""
     if args.specs:
         specs = tuple(args.specs)
@@ -60,10 +62,7 @@ def resolve_plan(args, shipped_matmul: Optional[Sequence[str]] = None) -> Plan:
     peers = tuple(args.peers) if args.peers else PEERS
     if BASELINE not in peers:
         peers = (BASELINE,) + peers
-    # (getattr: a caller's namespace without the option, e.g. before the
-    # command line had it, runs graph mode as the default does)
-    graph = not args.no_graph
-    return Plan(specs, shapes, Ms, peers, graph)
+    return Plan(specs, shapes, Ms, peers, graph=not args.no_graph, pdl=not args.no_pdl)
 
 
 def shipped_matmul_specs() -> List[str]:

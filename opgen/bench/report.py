@@ -86,8 +86,9 @@ def _us_or_err(us, err) -> str:
 
 
 def graph_table(rows: Sequence[dict]) -> str:
-    """opgen in graph mode (µs per layer) beside its isolated time, the
-    byte floor and the peers' graph figures; "" when no row has graph mode."""
+    """opgen in graph mode (µs per layer), with PDL where that ran, beside
+    its isolated time, the byte floor and the peers' graph figures; "" when
+    no row has graph mode."""
     rows = [r for r in rows if "opgen_graph_us" in r or "graph_error" in r]
     if not rows:
         return ""
@@ -96,18 +97,24 @@ def graph_table(rows: Sequence[dict]) -> str:
         peer = r.get("relevant_peer")
         peer = peer if peer and peer != BASELINE else None
         gerr = r.get("peer_graph_errors") or {}
-        check = _verdict(r.get("graph_verified"))
+        pdl = r.get("opgen_graph_pdl_us")
+        ran_pdl = pdl is not None or "graph_pdl_error" in r
+        plain = r.get("opgen_graph_us")
         body.append([r["spec"], f"{r['N']}x{r['K']}", r["M"], r.get("graph_layers") or "—",
-                     _us_or_err(r.get("opgen_graph_us"), r.get("graph_error")),
+                     _us_or_err(plain, r.get("graph_error")),
+                     _us_or_err(pdl, r.get("graph_pdl_error")),
+                     _fmt_x(pdl / plain if pdl is not None and plain else None),
                      _fmt_us(r.get("opgen_us")), _fmt_x(r.get("graph_x_isolated")),
                      _fmt_us(r.get("bytes_floor_us")), _fmt_x(r.get("graph_x_bytes_floor")),
                      _us_or_err(r.get(f"{BASELINE}_graph_us"), gerr.get(BASELINE)),
                      PEER_LABELS.get(peer, "—") if peer else "—",
                      _us_or_err(r.get(f"{peer}_graph_us"), gerr.get(peer)) if peer else "—",
-                     check])
-    return _table(["spec", "N x K", "M", "layers", "graph µs/layer", "isolated µs",
-                   "graph / isolated", "byte floor µs", "x byte floor", "cuBLAS fp16 graph µs",
-                   "peer", "peer graph µs", "check"], body, "llrrrrrrrrlrl")
+                     _verdict(r.get("graph_verified")),
+                     _verdict(r.get("graph_pdl_verified")) if ran_pdl else "—"])
+    return _table(["spec", "N x K", "M", "layers", "graph µs/layer", "PDL µs/layer", "PDL / graph",
+                   "isolated µs", "graph / isolated", "byte floor µs", "x byte floor",
+                   "cuBLAS fp16 graph µs", "peer", "peer graph µs", "check", "PDL check"], body,
+                  "llrrrrrrrrrrlrll")
 
 
 def peers_graph_table(peer_rows: Sequence[dict], peers: Sequence[str] = PEERS) -> str:
@@ -201,12 +208,14 @@ def _graph_targets(targets: Sequence[dict]) -> str:
         return head + f"Not evaluated: this run has no row at {shapes} for the target specs."
     body = [[t["target"], t["spec"], f"{t['N']}x{t['K']}", "—" if t["M"] is None else t["M"],
              t.get("graph_layers") or "—", _measured(t), f"{t['op']} {t['need']:g}x",
-             _fmt_us(t.get("opgen_graph_us")), _fmt_us(t.get("opgen_us")),
-             _fmt_us(t.get("bytes_floor_us")), _fmt_us(t.get("needed_us")), _status(t)]
+             _fmt_us(t.get("opgen_graph_us")), t.get("graph_launch") or "—",
+             _fmt_us(t.get("opgen_us")), _fmt_us(t.get("bytes_floor_us")),
+             _fmt_us(t.get("needed_us")), _status(t)]
             for t in targets]
     return head + _counts(targets) + "\n\n" + _table(
         ["target", "spec", "N x K", "M", "layers", "measured", "need", "graph µs/layer",
-         "isolated µs", "byte floor µs", "needed µs", "status"], body, "lllrrrrrrrrl")
+         "launch", "isolated µs", "byte floor µs", "needed µs", "status"], body,
+        "lllrrrrrlrrrl")
 
 
 def _isolated_targets(targets: Sequence[dict]) -> str:
@@ -270,7 +279,10 @@ def markdown(results: dict) -> str:
                   "reading its own activation, captured once into one CUDA graph and replayed "
                   "under CUDA events; µs per layer = median replay / L. Isolated: the Results "
                   f"figure. Rows with M <= {MAX_M}. check: the graph's outputs after one replay "
-                  "against an eager run of the same layers."]
+                  "against an eager run of the same layers. PDL (sm_90+, unless --no-pdl): the "
+                  "same layers with kernels built for programmatic dependent launch (each starts "
+                  "under the previous one's tail, its weights prefetched before it waits), "
+                  "captured, timed and checked the same way."]
         if graphs:
             lines += ["", graphs]
         if peer_graphs:
@@ -308,6 +320,11 @@ def markdown(results: dict) -> str:
         elif r.get("graph_verified") is False:
             problems.append(f"{where}, graph mode: output check failed "
                             f"({r.get('graph_verify_msg', '')})")
+        if r.get("graph_pdl_error"):
+            problems.append(f"{where}, graph mode with PDL: {r['graph_pdl_error']}")
+        elif r.get("graph_pdl_verified") is False:
+            problems.append(f"{where}, graph mode with PDL: output check failed "
+                            f"({r.get('graph_pdl_verify_msg', '')})")
     if problems:
         lines += ["", "## Problems", ""] + problems
     if results.get("targets") is not None:

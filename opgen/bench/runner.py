@@ -125,9 +125,9 @@ class Gpu:
         return peers.time_peers(self, names, N, K, Ms, graph=graph)
 
     def time_spec(self, spec, N: int, K: int, Ms: Sequence[int], db, use_db: bool,
-                  verify: bool, *, graph: bool) -> List[dict]:
+                  verify: bool, *, graph: bool, pdl: bool = True) -> List[dict]:
         rows = opgen_rows.time_spec(self.session, spec, N, K, Ms, db=db, use_db=use_db,
-                                    verify=verify, graph=graph, budget_ms=self.budget_ms,
+                                    verify=verify, graph=graph, pdl=pdl, budget_ms=self.budget_ms,
                                     seed=self.seed, mem_cap=self.mem_cap, log=self.log)
         self.free()
         return rows

@@ -7,11 +7,12 @@ import shlex
 import sys
 from typing import List, Optional, Sequence
 
-from ..bench import entry
+from ..bench import e2e, e2e_model, entry
+from ..bench.e2e_variants import DEFAULT_VARIANTS, variant
 from ..bench.plan import (BASELINE, DEFAULT_BUDGET_MS, DEFAULT_MEM_CAP_GB, DEFAULT_MS,
                           DEFAULT_SHAPES, PEERS, QUICK_MS, QUICK_SHAPES, QUICK_SPECS)
 from ..codegen.errors import SpecErrors, UserError
-from .args import parse_ints, parse_names, parse_shapes
+from .args import parse_ints, parse_names, parse_shapes, positive_int
 from .command import Command
 
 HELP = "time opgen's kernels against cuBLAS/torch peers on this GPU (JSON, Markdown, plots)"
@@ -54,11 +55,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     p.add_argument("--no-graph", action="store_true",
                    help="skip graph mode (L layers back to back in one CUDA graph, rows with M <= 16)")
+    p.add_argument("--no-pdl", action="store_true",
+                   help="skip graph mode's PDL variant (the same layers with kernels built for "
+                        "programmatic dependent launch; sm_90+)")
     p.add_argument("--workers", type=int, default=None,
                    help="compile processes (default: all cores but one)")
     p.add_argument("--mem-cap-gb", type=float, default=DEFAULT_MEM_CAP_GB,
                    help="memory for the rotating input copies of one problem")
     p.add_argument("--seed", type=int, default=0)
+    e = p.add_argument_group(
+        "end-to-end decode (--e2e)",
+        "a transformers model built from its config with random weights, decoded greedily "
+        "(static KV cache, CUDA graph) with each variant's linear layers -> e2e.json, e2e.md, "
+        "e2e.png")
+    e.add_argument("--e2e", action="store_true", help="time whole-model decoding instead of kernels")
+    e.add_argument("--model", default=None, metavar="NAME|PATH",
+                   help=f"a shipped model ({', '.join(e2e_model.shipped_models())}) or a "
+                        f"config.json / model directory (default {e2e.DEFAULT_MODEL})")
+    e.add_argument("--layers", type=positive_int, default=None,
+                   help="decoder layers (default: the config's num_hidden_layers)")
+    e.add_argument("--batches", type=parse_ints, default=None, metavar="B,...",
+                   help="batch sizes (default " + ",".join(map(str, e2e.DEFAULT_BATCHES)) + ")")
+    e.add_argument("--prompt", type=positive_int, default=None,
+                   help=f"prompt tokens (default {e2e.DEFAULT_PROMPT})")
+    e.add_argument("--new-tokens", type=positive_int, default=None,
+                   help=f"tokens generated per prompt (default {e2e.DEFAULT_NEW_TOKENS})")
+    e.add_argument("--variants", type=parse_names, default=None, metavar="A,B",
+                   help="fp16, opgen:SPEC, torch_int4, gemlite_w4 (default: "
+                        + ",".join(DEFAULT_VARIANTS) + ")")
+    e.add_argument("--repeats", type=positive_int, default=None,
+                   help=f"timed runs per row, the median reported (default {e2e.DEFAULT_REPEATS})")
+    e.add_argument("--no-accuracy", action="store_true",
+                   help="skip the logits and token-agreement runs")
     p.set_defaults(entry="opgen bench")
 
 
@@ -71,7 +99,44 @@ def command_line(args: argparse.Namespace) -> str:
     return " ".join([name, shlex.join(rest)]).strip()
 
 
+KERNEL_ONLY = ("quick", "specs", "shapes", "Ms", "peers", "no_db", "db", "no_verify", "no_graph",
+               "no_pdl")
+E2E_ONLY = ("model", "layers", "batches", "prompt", "new_tokens", "variants", "repeats", "no_accuracy")
+
+
+def _given(args: argparse.Namespace, names) -> List[str]:
+    return ["--" + n.replace("_", "-") for n in names if getattr(args, n, None) not in (None, False)]
+
+
+def e2e_plan(args: argparse.Namespace) -> e2e.Plan:
+    """The --e2e run's plan from the options (UserError names a bad one)."""
+    stray = _given(args, KERNEL_ONLY)
+    if stray:
+        raise UserError(f"{', '.join(stray)}: kernel-bench options; --e2e takes --model, --layers, "
+                        "--batches, --prompt, --new-tokens, --variants, --repeats, --no-accuracy")
+    name = args.model or e2e.DEFAULT_MODEL
+    config, source = e2e_model.model_config(name, args.layers)
+    variants = args.variants or list(DEFAULT_VARIANTS)
+    for v in variants:
+        try:
+            variant(v)
+        except ValueError as err:
+            raise UserError(f"--variants: {err}") from None
+    return e2e.Plan(model=name, config=config, source=source,
+                    batches=args.batches or e2e.DEFAULT_BATCHES,
+                    prompt=args.prompt or e2e.DEFAULT_PROMPT,
+                    new_tokens=args.new_tokens or e2e.DEFAULT_NEW_TOKENS, variants=variants,
+                    repeats=args.repeats or e2e.DEFAULT_REPEATS, accuracy=not args.no_accuracy,
+                    seed=args.seed)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if getattr(args, "e2e", False):
+        return e2e.main(e2e_plan(args), args.out, command_line(args), args.workers,
+                        plots=not args.no_plots)
+    stray = _given(args, E2E_ONLY)
+    if stray:
+        raise UserError(f"{', '.join(stray)}: options of --e2e (add --e2e, or leave them out)")
     return entry.run(args, command_line(args))
 
 

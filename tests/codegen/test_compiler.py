@@ -2,7 +2,8 @@
 (codegen/compiler.py; no GPU needed): the SASS of the default GEMM kernels
 holds the tensor-core, ldmatrix and cp.async instructions; ptxas reports no
 spills or local memory for the default configs; the PDL instructions of
-kernels compiled with pdl; the cubin cache. Every
+kernels compiled with pdl, and their L2 prefetches before the wait; the
+cubin cache. Every
 shipped spec built for every arch: test_build.py."""
 import dataclasses
 import os
@@ -20,6 +21,7 @@ from opgen.codegen import compiler
 from opgen.codegen.lower import numerics
 from opgen.codegen.validate import spec_from_dict
 from strategies import runnable_shape, valid_spec_dicts
+from kernel_kinds import MATMUL_KINDS, one_of_each_kind
 
 SPECS = sorted(shipped_specs())
 
@@ -418,3 +420,30 @@ def test_pdl_kernels_compile_with_the_wait_and_the_early_signal(kind, tmp_path, 
     sass, plain_sass = compiler.disassemble(with_pdl.cubin), compiler.disassemble(plain.cubin)
     for op in PDL_SASS:
         assert re.search(rf"\b{op}\b", sass) and not re.search(rf"\b{op}\b", plain_sass), op
+
+
+# The L2 prefetches of a pdl kernel (templates/pdl.cuh): the bulk one
+# (cp.async.bulk.prefetch.L2 -> UBLKPF: weights, scales) and, for the TMA
+# GEMMs' weight boxes, the tensor-map one (cp.async.bulk.prefetch.tensor -> UTMAPF).
+PDL_PREFETCH_SASS = {"gemm_tma": ("UBLKPF", "UTMAPF"), "gemm_rs": ("UBLKPF", "UTMAPF")}
+
+
+@pytest.mark.parametrize("kind", MATMUL_KINDS)
+def test_pdl_kernels_prefetch_their_weights_before_the_wait(kind, tmp_path, monkeypatch):
+    """A kernel of each kind compiled with pdl for sm_90 (decoded weights,
+    fp16 scales): its SASS prefetches into L2 before the first wait, with no
+    local memory."""
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
+    s, cfg, arch = one_of_each_kind()[kind]
+    assert arch == "sm_90"
+    c = compiler.compile_kernel(s, cfg, arch, pdl=True)
+    assert c.resources["spill_bytes"] == 0 and c.resources["stack"] == 0, c.resources
+    if compiler.find_nvdisasm() is None:
+        pytest.skip("nvdisasm not installed (extra 'sass')")
+    sass = compiler.disassemble(c.cubin)
+    wait = re.search(r"\bACQBULK\b", sass)
+    assert wait
+    for op in PDL_PREFETCH_SASS.get(kind, ("UBLKPF",)):
+        prefetch = re.search(rf"\b{op}\b", sass)
+        assert prefetch and prefetch.start() < wait.start(), op
+    assert not re.search(r"\b(LDL|STL)\b", sass)

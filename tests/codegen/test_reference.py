@@ -288,3 +288,21 @@ def test_fp8_activations_with_4_bit_weights():
     real = activation_to_float(spec, a, a_scale).astype(np.float64) @ \
         dequantize(spec, t, N, K).astype(np.float64).T
     assert np.allclose(want, real, rtol=1e-5, atol=1e-6)
+
+
+# --- CuPy: the same dequantization on the GPU ---------------------------------------------------
+
+
+@pytest.mark.gpu
+@settings(**dict(SETTINGS, max_examples=min(SETTINGS["max_examples"], 60)))
+@given(weights(), st.integers(0, 2**32 - 1))
+def test_cupy_dequantizes_like_numpy(wnk, seed):
+    """CuPy tensors in, a CuPy [N, K] out, bit for bit numpy's (the e2e
+    bench's dequantized-fp16 model is made this way on the GPU)."""
+    import cupy as cp
+    w, N, K = wnk
+    t = random_weight_tensors(w, N, K, np.random.default_rng(seed))
+    got = dequantize(w, {k: cp.asarray(v) for k, v in t.items()}, N, K)
+    assert isinstance(got, cp.ndarray)
+    want = dequantize(w, t, N, K)
+    assert np.array_equal(cp.asnumpy(got).view(np.uint32), want.view(np.uint32))

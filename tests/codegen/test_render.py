@@ -2,7 +2,8 @@
 renders for a shipped spec to one kernel with the expected name and no
 template text left, from the launch plan it returns; op quantize's kernel;
 probes a kind does not have are refused; with pdl, each kind's kernel
-signals its dependents first and waits before it reads the activations.
+signals its dependents first, prefetches its weights into L2 and waits
+before it reads the activations.
 (The probes' effects:
 tests/bench/test_ablate.py; the shipped sources unchanged:
 test_render_snapshot.py.)"""
@@ -114,6 +115,24 @@ def test_pdl_renders_the_wait_and_the_early_signal(case):
     check_pdl(src, case.split("/")[0])
     assert consts == plain_consts and not any(p in plain for p in PDL_PTX)
     assert kernels(src) == kernels(plain)
+
+
+PDL_PREFETCHES = ("pdl_prefetch_block(", "prefetch_l2_box(", "pdl_prefetch_params(")
+
+
+@pytest.mark.parametrize("case", sorted(pdl_cases()))
+def test_pdl_prefetches_the_weights_before_the_wait(case):
+    """Decoded weights, their scales and zero points go to L2 before the
+    wait (templates/pdl.cuh); dense weights (maybe a predecode config's
+    dequant output) do not."""
+    s, cfg, arch = pdl_cases()[case]
+    src, _ = render.render(s, cfg, arch, pdl=True)
+    body = src[src.index("__global__"):]
+    calls = [body.index(c) for c in PDL_PREFETCHES if c in body]
+    if case == "gemm_tma/dense":
+        assert not calls
+    else:
+        assert calls and min(calls) < body.index("pdl_wait();")
 
 
 def test_pdl_quantize_and_its_arch():

@@ -48,13 +48,15 @@ class _FakeGpuRun:
                               graph_errors={"int_mm": "capture: too small"})
         return out
 
-    def time_spec(self, spec, N, K, Ms, db, use_db, verify, *, graph):
+    def time_spec(self, spec, N, K, Ms, db, use_db, verify, *, graph, pdl):
         rows = [{"spec": spec.name, "N": N, "K": K, "M": M, "opgen_us": 10.0, "config": "c",
                  "source": "heuristic", "verified": True} for M in Ms]
         for r in rows:
             if graph and r["M"] <= 16:
                 r.update(opgen_graph_us=8.0, graph_layers=16, graph_bytes=16 << 27,
                          graph_verified=True)
+                if pdl:
+                    r.update(opgen_graph_pdl_us=7.0, graph_pdl_verified=True, graph_pdl_rel_err=0.0)
         return rows
 
     def read_time(self, nbytes):
@@ -88,9 +90,10 @@ def test_run_with_fake_gpu(monkeypatch, tmp_path, capsys):
 
 
 def test_run_reports_graph_mode(monkeypatch, tmp_path, capsys):
-    """Graph mode is on by default: opgen's and the peers' per-layer figures
-    beside the isolated ones in bench.json and bench.md, the graph targets
-    evaluated on them; no_graph leaves them out."""
+    """Graph mode is on by default, with its PDL variant: opgen's (plain and
+    PDL) and the peers' per-layer figures beside the isolated ones in
+    bench.json and bench.md, the graph targets evaluated on the faster;
+    no_pdl leaves the PDL variant out, no_graph all of graph mode."""
     monkeypatch.setattr(runner, "Gpu", _FakeGpuRun)
     monkeypatch.setattr(sys, "argv", ["opgen", "bench"])
     args = parse(["--specs", "w4a16_sym_g128", "--shapes", "8192x8192,28672x8192", "--Ms", "1,64",
@@ -98,8 +101,10 @@ def test_run_reports_graph_mode(monkeypatch, tmp_path, capsys):
     assert cli_bench.cmd_bench(args) == 0
     res = json.loads((tmp_path / "bench.json").read_text())
     assert res["plan"]["graph"] is True and "CUDA graph" in res["timing"]["graph"]
+    assert res["plan"]["pdl"] is True and "programmatic dependent launch" in res["timing"]["graph_pdl"]
     r1, r64 = res["rows"][:2]
     assert r1["opgen_graph_us"] == 8.0 and r1["graph_layers"] == 16 and r1["opgen_us"] == 10.0
+    assert r1["opgen_graph_pdl_us"] == 7.0 and r1["graph_pdl_verified"] is True
     assert r1["cublas_fp16_graph_us"] == 40.0 and r1["int_mm_graph_us"] is None
     assert r1["peer_graph_errors"] == {"int_mm": "capture: too small"}
     assert r1["graph_x_isolated"] == 0.8 and r1["graph_x_bytes_floor"] is not None
@@ -108,13 +113,26 @@ def test_run_reports_graph_mode(monkeypatch, tmp_path, capsys):
     graph_targets = [t for t in res["targets"] if t["mode"] == "graph"
                      and t["spec"] == "w4a16_sym_g128"]
     assert [(t["N"], t["M"]) for t in graph_targets] == [(8192, 1), (28672, 1)]
-    assert all(t["opgen_graph_us"] == 8.0 and t["status"] == "met" for t in graph_targets)
+    assert all(t["opgen_graph_us"] == 7.0 and t["graph_launch"] == "pdl" and t["status"] == "met"
+               for t in graph_targets)
     md = (tmp_path / "bench.md").read_text()
     assert "## Graph mode (L layers back to back, one CUDA graph)" in md
+    assert "| PDL µs/layer |" in md
     assert "## Graph-mode targets (8192x8192, 28672x8192; µs per layer)" in md
     assert "- torch._int_mm: capture: too small" in md
     printed = capsys.readouterr().out
     assert "| graph µs/layer |" in printed
+
+    args = parse(["--specs", "w4a16_sym_g128", "--shapes", "8192x8192,28672x8192", "--Ms", "1,64",
+                  "--no-db", "--no-plots", "--no-pdl", "--out", str(tmp_path)])
+    assert args.no_pdl
+    assert cli_bench.cmd_bench(args) == 0
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert res["plan"]["graph"] is True and res["plan"]["pdl"] is False
+    assert res["timing"]["graph_pdl"] is None and res["rows"][0]["opgen_graph_us"] == 8.0
+    assert not any("pdl" in k for r in res["rows"] for k in r)
+    assert all(t["graph_launch"] == "plain" for t in res["targets"] if t["mode"] == "graph"
+               and t["spec"] == "w4a16_sym_g128")
 
     args = parse(["--specs", "w4a16_sym_g128", "--shapes", "8192x8192,28672x8192", "--Ms", "1,64",
                   "--no-db", "--no-plots", "--no-graph", "--out", str(tmp_path)])
@@ -122,5 +140,6 @@ def test_run_reports_graph_mode(monkeypatch, tmp_path, capsys):
     assert cli_bench.cmd_bench(args) == 0
     res = json.loads((tmp_path / "bench.json").read_text())
     assert res["plan"]["graph"] is False and res["timing"]["graph"] is None
+    assert res["plan"]["pdl"] is False and res["timing"]["graph_pdl"] is None
     assert not any("graph" in k for r in res["rows"] for k in r)
     assert "## Graph mode" not in (tmp_path / "bench.md").read_text()

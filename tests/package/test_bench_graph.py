@@ -1,5 +1,5 @@
 """Graph mode of `opgen bench` (opgen/bench/graph.py): the layer count,
-opgen's layers captured and replayed on the numpy workbench
+opgen's layers (plain, and with the PDL kernels) captured and replayed on the numpy workbench
 (tests/numpy_device.py; the capture it relies on,
 runtime.workbench.Session.capture, is tested in test_workbench.py), errors recorded in
 the row; on a GPU (gpu mark), graph-mode rows whose graph outputs must equal
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bench_fakes import spec
-from numpy_device import FAKE_US, NumpySession
+from numpy_device import FAKE_US, NumpyGraph, NumpySession
 from opgen.bench import graph
 from opgen.bench.graph import (L2_FACTOR, MAX_LAYERS, MIN_LAYERS, checked_layer_count,
                                layer_count)
@@ -127,6 +127,57 @@ def test_graph_errors_are_recorded(monkeypatch):
     assert "NaN/Inf after one replay" in out["graph_verify_msg"]
 
 
+def test_time_opgen_with_pdl():
+    """The PDL variant: the same L layers (weights, outputs) with the pdl
+    kernel, captured into a graph of its own, timed and checked the same
+    way, into the graph_pdl fields beside the plain ones."""
+    session = _session()
+    s, p = _problem(session)
+    out = graph.time_opgen(p, session.kernel(s, "cfg"), budget_ms=1.0,
+                           tol=BENCH_FACTOR * tolerance(s), pdl_kernel=session.kernel(s, "cfg"))
+    L = out["graph_layers"]
+    assert "graph_error" not in out and "graph_pdl_error" not in out, out
+    assert out["opgen_graph_us"] == out["opgen_graph_pdl_us"] == round(FAKE_US / L, 4)
+    assert out["graph_verified"] is True and out["graph_pdl_verified"] is True
+    assert out["graph_pdl_rel_err"] == 0.0 and len(p.w_sets) == L      # the same layers
+    assert [g.launches for g in session.graphs] == [1 + 3, 1 + 3]
+
+
+def test_pdl_variant_is_checked_against_the_plain_kernels():
+    """The PDL graph's outputs are compared with the plain kernels' eager
+    run: a pdl kernel that computes otherwise fails its check even where its
+    own eager run agrees with its graph; its failures are its own."""
+    session = _session(fault="half_k")
+    s, p = _problem(session)
+    tol = BENCH_FACTOR * tolerance(s)
+    out = graph.time_opgen(p, session.kernel(s, "cfg"), budget_ms=1.0, tol=tol,
+                           pdl_kernel=session.kernel(s, "faulty"))
+    assert out["graph_verified"] is True and out["graph_pdl_verified"] is False
+    assert "graph differs from the eager run" in out["graph_pdl_verify_msg"]
+    assert out["opgen_graph_pdl_us"] > 0                 # still timed, as the plain graph is
+
+    captures = []
+
+    def capture(enqueue):
+        captures.append(enqueue)
+        if len(captures) == 2:
+            raise RuntimeError("cuLaunchKernelEx refused")
+        return NumpyGraph(enqueue)
+    session = _session()
+    s, p = _problem(session)
+    session.capture = capture
+    out = graph.time_opgen(p, session.kernel(s, "cfg"), budget_ms=1.0, tol=tol,
+                           pdl_kernel=session.kernel(s, "cfg"))
+    assert out["graph_verified"] is True and out["opgen_graph_us"] > 0
+    assert out["graph_pdl_error"] == "capture: RuntimeError: cuLaunchKernelEx refused"
+    assert "opgen_graph_pdl_us" not in out and "graph_pdl_verified" not in out
+
+
+def test_pdl_available():
+    assert graph.pdl_available("sm_90")
+    assert not graph.pdl_available("sm_89") and not graph.pdl_available("sm_80")
+
+
 def test_compare():
     a = [np.ones((2, 4), np.float32), np.full((2, 4), 2, np.float32)]
     assert graph.compare(a, [x.copy() for x in a]) == (0, 0.0)
@@ -139,10 +190,11 @@ def test_compare():
 
 @pytest.mark.gpu
 def test_graph_mode_on_the_gpu(record):
-    """Graph-mode rows on the device: opgen's op captured into CUDA graphs;
-    the per-layer figures finite and positive, at least 16 layers whose
-    weights pass 3x the L2, and the graph's outputs (poisoned, one replay)
-    equal to an eager run of the same layers."""
+    """Graph-mode rows on the device: opgen's op captured into CUDA graphs
+    (on sm_90+ also its PDL kernels); the per-layer figures finite and
+    positive, at least 16 layers whose weights pass 3x the L2, and the
+    graph's outputs (poisoned, one replay) equal to an eager run of the same
+    layers."""
     pytest.importorskip("torch")
     g = Gpu(budget_ms=5, mem_cap=4 << 30)
     names = ("w4a16_sym_g128", "gptq_v2_w4a16_g128")       # (the second runs transcoded)
@@ -155,8 +207,13 @@ def test_graph_mode_on_the_gpu(record):
             assert math.isfinite(us) and 0 < us < 10 * r["opgen_us"], r
             assert r["graph_layers"] >= MIN_LAYERS and r["graph_bytes"] > L2_FACTOR * g.l2
             assert r["graph_verified"] is True, r
+            pdl_us = r.get("opgen_graph_pdl_us")
+            if graph.pdl_available(g.arch):           # the same layers' PDL kernels, checked too
+                assert r.get("graph_pdl_error") is None and r["graph_pdl_verified"] is True, r
+                assert math.isfinite(pdl_us) and 0 < pdl_us < 10 * r["opgen_us"], r
             record(check="bench graph mode", spec=name, M=r["M"], layers=r["graph_layers"],
-                   graph_us=us, isolated_us=r["opgen_us"], rel_err=r["graph_rel_err"])
+                   graph_us=us, graph_pdl_us=pdl_us, isolated_us=r["opgen_us"],
+                   rel_err=r["graph_rel_err"], pdl_rel_err=r.get("graph_pdl_rel_err"))
     # the same layers by hand: eager outputs, then the graph's after a poisoned replay
     # (equal up to the order of split-K's atomic fp32 sums)
     op = ops.load(spec("w4a16_sym_g128"), N=4096, K=4096, use_db=False)

@@ -131,11 +131,13 @@ def test_time_spec_setup_failure(monkeypatch):
 
 def test_time_spec_in_graph_mode(monkeypatch):
     """graph=True: rows up to graph.MAX_M also carry the op's graph-mode
-    figure (per layer), checked against the eager run; larger Ms do not."""
+    figure (per layer), checked against the eager run, and the same for the
+    op loaded with pdl=True (the session's sm_90 has PDL); larger Ms do not."""
     ops = []
 
     def load(sp, N, K, **kw):
         ops.append(FakeOp(sp, N, K))
+        ops[-1].pdl = kw.get("pdl", False)
         return ops[-1]
     monkeypatch.setattr(op_mod, "load", load)
     logs = []
@@ -146,13 +148,30 @@ def test_time_spec_in_graph_mode(monkeypatch):
         L = r["graph_layers"]
         assert L >= graph.MIN_LAYERS and r["graph_bytes"] > graph.L2_FACTOR * NumpySession.l2
         assert r["opgen_graph_us"] == round(FAKE_US / L, 4) and r["graph_verified"] is True
+        assert r["opgen_graph_pdl_us"] == round(FAKE_US / L, 4) and r["graph_pdl_verified"] is True
+        assert r["graph_pdl_rel_err"] == 0.0 and "graph_pdl_error" not in r
         assert r["layout"] == "gptq_v2_w4a16_g128_exec"     # timed on the kernels' layout too
         assert any(f"M={r['M']}: graph of {L} layers" in line for line in logs)
-    assert not any(k.startswith("graph") or k == "opgen_graph_us" for k in rows[2])
+        assert any(f"M={r['M']}: graph with PDL: " in line for line in logs)
+    assert not any(k.startswith("graph") or k.startswith("opgen_graph") for k in rows[2])
     L = rows[0]["graph_layers"]
+    # the op at the kernels' layout, then the same with pdl, on it too
+    plain, with_pdl = ops[-2:]
+    assert not plain.pdl and with_pdl.pdl and with_pdl.spec is plain.spec
     # per small M: one check + 3 timed launches, then L layers run eagerly, once
-    # replayed for the check and 3 times by the timer; M = 1024 isolated only
-    assert ops[-1].calls == 3 * (1 + 3) + 2 * L * (1 + 1 + 3)
+    # replayed for the check and 3 times by the timer (each launch), the same
+    # for PDL's layers; M = 1024 isolated only
+    assert plain.calls == 3 * (1 + 3) + 2 * L * (1 + 1 + 3)
+    assert with_pdl.calls == 2 * L * (1 + 1 + 3)
+    # without pdl (--no-pdl), or where the arch has none (sm_80): no PDL variant
+    for pdl, arch in ((False, "sm_90"), (True, "sm_80")):
+        session = NumpySession()
+        session.arch = arch
+        rows = opgen_rows.time_spec(session, spec("w4a16_sym_g128"), 512, 1024, [1], db=None,
+                                    use_db=False, verify=True, graph=True, budget_ms=1.0, seed=0,
+                                    mem_cap=1 << 28, log=logs.append, pdl=pdl)
+        assert rows[0]["graph_verified"] is True and not any("pdl" in k for k in rows[0])
+        assert not ops[-1].pdl
     r = finish_row(dict(rows[0]), spec("gptq_v2_w4a16_g128"), MEAS)
     assert r["graph_x_bytes_floor"] == round(r["opgen_graph_us"] / r["bytes_floor_us"], 4)
     assert r["graph_x_isolated"] == round(r["opgen_graph_us"] / FAKE_US, 4)

@@ -23,6 +23,9 @@ def test_defaults_and_quick():
     assert full.shapes == ((4096, 4096), (8192, 8192), (28672, 8192), (8192, 28672), (14336, 57344))
     assert full.Ms == (1, 16, 32, 64, 128, 256, 1024, 4096)
     assert full.peers == plan.PEERS
+    assert full.graph and full.pdl           # graph mode, with its PDL variant
+    no_pdl = plan.resolve_plan(parse(["--no-pdl", "--out", "x"]), shipped_matmul=["a"])
+    assert no_pdl.graph and not no_pdl.pdl
 
     quick = plan.resolve_plan(parse(["--quick", "--out", "x"]), shipped_matmul=["a"])
     assert quick.shapes == ((8192, 8192),) and quick.Ms == (1, 16, 64, 256, 4096)

@@ -102,18 +102,23 @@ def test_execution_layouts_section():
 
 
 def test_graph_mode_tables():
-    """Graph mode: opgen's per-layer figure beside the isolated one, the
-    floor and the peers' graph figures; the peers' own table; failures under
-    Problems and per peer; the graph targets' section."""
+    """Graph mode: opgen's per-layer figure (plain and with PDL) beside the
+    isolated one, the floor and the peers' graph figures; the peers' own
+    table; failures under Problems and per peer; the graph targets' section
+    (on the faster launch)."""
     res = _results()
     assert graph_table(res["rows"]) == "" and "## Graph mode" not in markdown(res)
     w4, nf4 = res["rows"][1], res["rows"][6]
     assert (w4["spec"], nf4["spec"]) == ("w4a16_sym_g128", "bnb_nf4")
     w4.update(opgen_graph_us=9.0, graph_layers=18, graph_verified=True, cublas_fp16_graph_us=40.0,
-              tinygemm_int4_graph_us=None, peer_graph_errors={"tinygemm_int4": "capture: boom"})
-    nf4.update(graph_error="capture: RuntimeError: not permitted", graph_layers=16)
+              tinygemm_int4_graph_us=None, peer_graph_errors={"tinygemm_int4": "capture: boom"},
+              opgen_graph_pdl_us=7.2, graph_pdl_verified=True)
+    nf4.update(graph_error="capture: RuntimeError: not permitted", graph_layers=16,
+               graph_pdl_error="capture: PdlLaunchError: refused")
     res["rows"][2].update(opgen_graph_us=12.0, graph_layers=16, graph_verified=False,
-                          graph_verify_msg="graph differs from the eager run")
+                          graph_verify_msg="graph differs from the eager run",
+                          opgen_graph_pdl_us=11.0, graph_pdl_verified=False,
+                          graph_pdl_verify_msg="graph differs from the eager run")
     res["rows"] = [finish_row(r, spec(r["spec"]), MEAS) for r in res["rows"]]
     res["peer_rows"][0].update(cublas_fp16_graph_us=40.0, cublas_bf16_graph_us=41.0,
                                graph_layers={"cublas_fp16": 16, "cublas_bf16": 16,
@@ -121,14 +126,16 @@ def test_graph_mode_tables():
                                graph_errors={"tinygemm_int4": "capture: boom"})
     res["targets"] = evaluate_targets(res["rows"])
     table = graph_table(res["rows"]).splitlines()
-    assert table[0] == ("| spec | N x K | M | layers | graph µs/layer | isolated µs | "
-                        "graph / isolated | byte floor µs | x byte floor | cuBLAS fp16 graph µs | "
-                        "peer | peer graph µs | check |")
+    assert table[0] == ("| spec | N x K | M | layers | graph µs/layer | PDL µs/layer | PDL / graph | "
+                        "isolated µs | graph / isolated | byte floor µs | x byte floor | "
+                        "cuBLAS fp16 graph µs | peer | peer graph µs | check | PDL check |")
     assert len(table) == 2 + 3
     floor = w4["bytes_floor_us"]
-    assert table[2] == (f"| w4a16_sym_g128 | 8192x8192 | 1 | 18 | 9.00 | 11.00 | 0.82x | "
-                        f"{floor:.2f} | {9.0 / floor:.2f}x | 40.00 | tinygemm int4 | err | ok |")
-    assert table[3].endswith("| WRONG |") and "| bnb_nf4 | 8192x8192 | 1 | 16 | err |" in table[4]
+    assert table[2] == (f"| w4a16_sym_g128 | 8192x8192 | 1 | 18 | 9.00 | 7.20 | 0.80x | 11.00 | "
+                        f"0.82x | {floor:.2f} | {9.0 / floor:.2f}x | 40.00 | tinygemm int4 | err | "
+                        "ok | ok |")
+    assert table[3].endswith("| WRONG | WRONG |")
+    assert "| bnb_nf4 | 8192x8192 | 1 | 16 | err | err | — |" in table[4]
     peers = peers_graph_table(res["peer_rows"]).splitlines()
     assert peers[0].startswith("| N x K | M | layers | cuBLAS fp16 µs graph / isolated |")
     assert "| 8192x8192 | 1 | 16 | 40.00 / 50.00 | 41.00 / — | err / — |" in peers[2]
@@ -136,10 +143,14 @@ def test_graph_mode_tables():
     assert "## Graph mode (L layers back to back, one CUDA graph)" in md
     assert "- tinygemm int4: capture: boom" in md
     assert "- bnb_nf4 8192x8192 M=1, graph mode: capture: RuntimeError: not permitted" in md
+    assert "- bnb_nf4 8192x8192 M=1, graph mode with PDL: capture: PdlLaunchError: refused" in md
     assert ("- gptq_v2_w4a16_g128 8192x8192 M=16, graph mode: output check failed (graph "
             "differs from the eager run)") in md
+    assert ("- gptq_v2_w4a16_g128 8192x8192 M=16, graph mode with PDL: output check failed "
+            "(graph differs from the eager run)") in md
     assert "## Graph-mode targets (8192x8192, 28672x8192; µs per layer)" in md
+    # the target holds the faster launch: PDL's 7.2 µs here
     assert "| graph: W4A16 g128, NF4, MXFP4 M=1 within 1.2x of byte floor | w4a16_sym_g128 | " \
-           f"8192x8192 | 1 | 18 | {9.0 / floor:.2f}x floor | <= 1.2x | 9.00 | 11.00 |" in md
+           f"8192x8192 | 1 | 18 | {7.2 / floor:.2f}x floor | <= 1.2x | 7.20 | pdl | 11.00 |" in md
     # the isolated targets' section is as it was
     assert "## Targets (N = 8192, K = 8192)" in md

@@ -1,6 +1,7 @@
 """The performance targets' evaluation against result rows
 (opgen/bench/targets.py; on a GPU, tests/perf/ holds opgen to them): the
-isolated ones on opgen_us, the graph-mode ones on opgen_graph_us."""
+isolated ones on opgen_us, the graph-mode ones on opgen_graph_us (or the
+PDL launch's, where faster)."""
 from bench_fakes import SYNTH, find, row
 from opgen.bench.targets import GRAPH_SHAPES, TARGETS, evaluate_targets
 
@@ -78,3 +79,28 @@ def test_graph_targets():
     # an explicit shape still applies to every target
     assert {(x["N"], x["K"]) for x in evaluate_targets(GRAPH_ROWS, shape=(28672, 8192))} == {
         (28672, 8192)}
+
+
+def test_graph_targets_hold_the_faster_launch():
+    """With PDL timed too, a graph target holds the faster of the two
+    per-layer figures and says which; a PDL figure whose check failed never
+    counts; PDL alone stands in where the plain graph failed."""
+    w4 = "graph: W4A16 g128, NF4, MXFP4 M=1 within 1.2x of byte floor"
+    rows = [row("w4a16_sym_g128", 1, 15.5, opgen_graph_us=11.0, opgen_graph_pdl_us=9.35,
+                graph_pdl_verified=True, bytes_floor_us=8.5, graph_layers=16),
+            row("bnb_nf4", 1, 18.0, opgen_graph_us=13.0, opgen_graph_pdl_us=9.0,
+                graph_pdl_verified=False, bytes_floor_us=10.0),
+            row("mxfp4", 1, 17.0, graph_error="capture: boom", opgen_graph_pdl_us=11.0,
+                bytes_floor_us=10.0),
+            row("awq_w4a16_g128", 1, 16.0, opgen_graph_us=9.0, opgen_graph_pdl_us=9.5,
+                bytes_floor_us=8.0)]
+    t = evaluate_targets(rows, shape=(8192, 8192))
+    a = find(t, w4, "w4a16_sym_g128", M=1)
+    assert a["status"] == "met" and a["ratio"] == 1.1 and a["opgen_graph_us"] == 9.35
+    assert a["graph_launch"] == "pdl"
+    nf4 = find(t, w4, "bnb_nf4", M=1)
+    assert nf4["opgen_graph_us"] == 13.0 and nf4["graph_launch"] == "plain"
+    mx = find(t, w4, "mxfp4", M=1)
+    assert mx["status"] == "met" and mx["graph_launch"] == "pdl"
+    awq = find(t, w4, "awq_w4a16_g128", M=1)
+    assert awq["opgen_graph_us"] == 9.0 and awq["graph_launch"] == "plain"

@@ -46,3 +46,35 @@ def test_command_line(monkeypatch):
     ns = parse(["--out", "x"])
     ns.entry = "python -m opgen.bench"
     assert cli_bench.command_line(ns) == "python -m opgen.bench --quick"
+
+
+# --- --e2e ---------------------------------------------------------------------------------------
+
+
+def test_e2e_plan_defaults_and_choices():
+    from opgen.bench import e2e
+    from opgen.bench.e2e_variants import DEFAULT_VARIANTS
+    p = cli_bench.e2e_plan(parse(["--e2e", "--out", "x"]))
+    assert p.model == e2e.DEFAULT_MODEL and p.config["hidden_size"] == 4096
+    assert (tuple(p.batches), p.prompt, p.new_tokens) == (e2e.DEFAULT_BATCHES, 128, 64)
+    assert tuple(p.variants) == DEFAULT_VARIANTS and p.accuracy
+    p = cli_bench.e2e_plan(parse(["--e2e", "--out", "x", "--layers", "2", "--batches", "1,4",
+                                  "--variants", "fp16,opgen:bnb_nf4", "--no-accuracy",
+                                  "--new-tokens", "8", "--prompt", "16"]))
+    assert p.config["num_hidden_layers"] == 2 and list(p.batches) == [1, 4]
+    assert list(p.variants) == ["fp16", "opgen:bnb_nf4"] and not p.accuracy
+    assert (p.prompt, p.new_tokens) == (16, 8)
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--e2e", "--specs", "bnb_nf4"], "--specs: kernel-bench options"),
+    (["--e2e", "--variants", "fp16,int3"], "--variants: unknown variant 'int3'"),
+    (["--e2e", "--variants", "opgen:no_such_spec"], "no_such_spec"),
+    (["--e2e", "--model", "gpt-9"], "--model gpt-9: neither a shipped model"),
+    (["--model", "llama-3-8b"], "--model: options of --e2e"),
+    (["--batches", "1"], "--batches: options of --e2e"),
+])
+def test_e2e_option_errors_are_one_line_exit_2(argv, msg, capsys, tmp_path):
+    assert cli.main(["bench", "--out", str(tmp_path)] + argv) == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err

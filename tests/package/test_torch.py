@@ -120,6 +120,21 @@ def test_quantized_on_the_cpu_is_the_reference(spec):
                                                                  v.view(np.uint8)), k
 
 
+@pytest.mark.parametrize("spec", ["gptq_v2_w4a16_g128", "awq_w4a16_g128", "bnb_nf4", "w8a8_int8"])
+def test_dequantized_is_the_reference_of_what_the_layer_holds(spec):
+    """QuantLinear.dequantized: the reference dequantization of the layer's
+    buffers (its kernel spec's storage), float32 [N, K]; to_array keeps
+    opgen's storage conventions."""
+    q = ot.QuantLinear.from_linear(spec, tiny_mlp()[0])
+    tensors = {k: ot.to_numpy(getattr(q, k)) for k in ("qweight", "scales", "zeros")
+               if getattr(q, k) is not None}
+    w = q.dequantized()
+    assert w.dtype == torch.float32 and tuple(w.shape) == (128, 256)
+    assert np.array_equal(w.numpy(), R.dequantize(q.kernel_spec, tensors, 128, 256))
+    for k, v in tensors.items():
+        assert np.array_equal(ot.to_array(getattr(q, k)), v) and ot.to_array(getattr(q, k)).dtype == v.dtype
+
+
 @pytest.mark.parametrize("spec", ALL_SPECS)
 def test_cpu_forward_matches_dequantized_model(spec):
     """forward flattens [..., K], quantizes activations where the spec needs
@@ -413,6 +428,18 @@ def test_gpu_cuda_graph_replay_equals_eager(spec):
         torch.cuda.synchronize()
         with torch.no_grad():
             assert torch.equal(static_out, model(static_x))
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("spec", ["gptq_v2_w4a16_g128", "bnb_nf4", "mxfp4", "w8a8_int8"])
+def test_gpu_dequantized_on_the_gpu_equals_the_cpus(spec):
+    """On CUDA buffers the dequantization runs in CuPy on torch's stream: the
+    CPU layer's values, bit for bit, and nothing through the host."""
+    cpu = ot.QuantLinear.from_linear(spec, tiny_mlp()[0])
+    gpu = ot.QuantLinear.from_linear(spec, tiny_mlp()[0].cuda())
+    w = gpu.dequantized()
+    assert w.is_cuda and torch.equal(w.cpu(), cpu.dequantized())
 
 
 @pytest.mark.gpu

@@ -1,0 +1,333 @@
+"""`opgen bench --e2e`: what opgen does to a model's decode speed.
+
+A transformers model is built from its config with random weights (no
+download; e2e_model.py), and for each variant (e2e_variants.py: fp16, opgen
+specs, the torch int4 and gemlite peers) its decoder's linear layers are
+swapped for the variant's (lm_head stays fp16). For each batch size:
+
+* Speed: the prompts (random tokens, prompt_len each) are prefilled, then
+  new_tokens - 1 greedy decode steps run, one step captured in a CUDA graph
+  (static KV cache), timed with CUDA events; the median over `repeats` runs
+  gives ms per step and tokens/s (batch / step time), and the speedup over
+  fp16 at the same batch.
+* Accuracy (kernel error alone): the same model holding the variant's
+  dequantized weights in fp16 is the reference. It decodes greedily (its
+  tokens and logits), then the variant and the reference computed in fp32
+  are run teacher-forced on those tokens: rel_err = max |logits - ref| /
+  max |ref| of the variant, against the reference's own fp16-vs-fp32
+  rel_err_fp32; agreement = the fraction of the variant's greedy tokens equal
+  to the reference's, position by position.
+* Check: before any of that, one layer of the variant against its
+  dequantized weight on random inputs (a wrong layer is an error row, never
+  timed as if it were right).
+
+On a machine without CUDA everything runs eagerly on the CPU (opgen's layers
+through the numpy reference): for tests, not for figures."""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+from .. import __version__
+from ..codegen.errors import UserError
+from ..runtime.device import current_arch
+from ..runtime.tuning_db import TuningDB
+from . import e2e_report
+from . import precompile as compiles
+from .e2e_model import Decoder, build_model, linear_names, swapped
+from .e2e_variants import Variant, reference_class, variant
+from .failures import short_error
+
+DEFAULT_MODEL = "llama-3-8b"
+DEFAULT_BATCHES = (1, 16, 64)
+DEFAULT_PROMPT = 128
+DEFAULT_NEW_TOKENS = 64
+DEFAULT_REPEATS = 3
+# One layer against its dequantized weight (relative Frobenius error; the
+# activations as its kernels take them): fp16 outputs (2^-11) of K-long
+# sums, as the kernel tests allow.
+LAYER_CHECK_TOL = 2e-3
+CHECK_ROWS = 16
+
+
+@dataclass
+class Plan:
+    model: str                      # the name or path given
+    config: dict
+    source: str
+    batches: Sequence[int] = DEFAULT_BATCHES
+    prompt: int = DEFAULT_PROMPT
+    new_tokens: int = DEFAULT_NEW_TOKENS
+    variants: Sequence[str] = ()
+    repeats: int = DEFAULT_REPEATS
+    accuracy: bool = True
+    seed: int = 0
+
+
+@dataclass
+class Row:
+    variant: str
+    batch: int
+    ms_per_step: Optional[float] = None
+    tokens_per_s: Optional[float] = None
+    speedup: Optional[float] = None           # over fp16 at this batch
+    prefill_ms: Optional[float] = None
+    graph: Optional[bool] = None              # decode steps replayed from a CUDA graph
+    rel_err: Optional[float] = None
+    rel_err_fp32: Optional[float] = None
+    agreement: Optional[float] = None
+    error: Optional[str] = None
+    times_ms: List[float] = field(default_factory=list)
+
+
+def _log(text: str) -> None:
+    print(f"opgen bench --e2e: {text}", file=sys.stderr, flush=True)
+
+
+class Clock:
+    """CUDA events on a GPU, the wall clock (after a synchronize) on the CPU."""
+
+    def __init__(self, torch, device):
+        self.torch, self.cuda = torch, device.type == "cuda"
+
+    def ms(self, fn: Callable[[], None]) -> float:
+        torch = self.torch
+        if self.cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            return a.elapsed_time(b)
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+
+
+def check_layer(torch, v: Variant, mod, real, linear) -> Optional[str]:
+    """None when the variant's layer matches its dequantized weight (its
+    activations as its kernels take them) on random inputs, else why not."""
+    if real is None:
+        return None
+    g = torch.Generator(device=linear.weight.device).manual_seed(1)
+    x = torch.randn(CHECK_ROWS, linear.in_features, generator=g, device=linear.weight.device,
+                    dtype=torch.float32).to(linear.weight.dtype)
+    with torch.no_grad():
+        got = mod(x).float()
+        want = reference_class()(real.to(torch.float16), v.act, torch.float32)(x.float())
+    err = float((got - want).norm() / want.norm().clamp(min=1e-30))
+    if not (err <= LAYER_CHECK_TOL):
+        return (f"layer check: {err:.3g} relative error against its dequantized weight "
+                f"(> {LAYER_CHECK_TOL:g})")
+    return None
+
+
+class Bench:
+    def __init__(self, plan: Plan, log: Callable[[str], None] = _log):
+        try:
+            import torch
+        except ImportError:
+            raise UserError("opgen bench --e2e needs torch and transformers "
+                            "(pip install torch transformers)") from None
+        self.torch, self.plan, self.log = torch, plan, log
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+        self.graph = self.device.type == "cuda"
+        self.clock = Clock(torch, self.device)
+        t = time.perf_counter()
+        self.model = build_model(plan.config, self.device, torch.float16, plan.seed)
+        self.build_s = time.perf_counter() - t
+        self.names = linear_names(self.model)
+        V = self.model.config.vocab_size
+        gen = torch.Generator().manual_seed(plan.seed)
+        self.prompts = {B: torch.randint(0, V, (B, plan.prompt), generator=gen).to(self.device)
+                        for B in plan.batches}
+
+    # --- speed ---
+
+    def decode_time(self, B: int, row: Row):
+        """Time the model as it is at batch B into row; its greedy tokens."""
+        plan, prompt = self.plan, self.prompts[B]
+        dec = Decoder(self.model, B, plan.prompt, plan.new_tokens)
+        if self.graph:
+            dec.capture(prompt)
+        row.graph = self.graph
+        steps, prefill = [], []
+        for _ in range(plan.repeats):
+            prefill.append(self.clock.ms(lambda: dec.prefill(prompt)))
+            steps.append(self.clock.ms(lambda: [dec.step() for _ in range(plan.new_tokens - 1)])
+                         / max(plan.new_tokens - 1, 1))
+        row.times_ms = [round(t, 4) for t in steps]
+        row.ms_per_step = statistics.median(steps)
+        row.prefill_ms = statistics.median(prefill)
+        row.tokens_per_s = B / row.ms_per_step * 1e3
+        return dec.run(prompt)
+
+    # --- accuracy ---
+
+    def accuracy(self, B: int, v: Variant, mods: dict, reals: dict, tokens, row: Row) -> None:
+        torch, plan, prompt = self.torch, self.plan, self.prompts[B]
+        Reference, act = reference_class(), v.act
+        ref16 = {n: Reference(w, act, torch.float16) for n, w in reals.items()}
+        store = torch.empty(plan.new_tokens, B, self.model.config.vocab_size, device=self.device)
+        with swapped(self.model, ref16):
+            ref_tokens = Decoder(self.model, B, plan.prompt, plan.new_tokens).run(
+                prompt, each=lambda t, lg: store[t].copy_(lg))
+        row.agreement = float((tokens == ref_tokens).float().mean())
+        row.rel_err = self._max_diff(mods, B, ref_tokens, store) / float(store.abs().max())
+        # The reference in fp32: its fp16 weights multiplied in fp32, the other
+        # parameters (embeddings, norms, lm_head) cast there and back, exactly
+        # (buffers such as the rotary frequencies stay as they are).
+        with swapped(self.model, {n: Reference(w, act, torch.float32) for n, w in reals.items()}):
+            params = list(self.model.parameters())
+            for p in params:
+                p.data = p.data.float()
+            try:
+                row.rel_err_fp32 = self._max_diff({}, B, ref_tokens, store, ref_scale=True)
+            finally:
+                for p in params:
+                    p.data = p.data.half()
+
+    def _max_diff(self, mods: dict, B: int, force, store, ref_scale: bool = False) -> float:
+        """max |logits - store| over a teacher-forced run of the model with
+        mods swapped in; ref_scale: divided by max |logits| of this run."""
+        torch, plan = self.torch, self.plan
+        worst = torch.zeros((), device=self.device)
+        top = torch.zeros((), device=self.device)
+
+        def each(t, lg):
+            torch.maximum(worst, (lg - store[t]).abs().max(), out=worst)
+            torch.maximum(top, lg.abs().max(), out=top)
+        with swapped(self.model, mods):
+            Decoder(self.model, B, plan.prompt, plan.new_tokens).run(self.prompts[B], force=force, each=each)
+        return float(worst / top.clamp(min=1e-30)) if ref_scale else float(worst)
+
+    # --- one variant ---
+
+    def variant_rows(self, name: str) -> List[Row]:
+        torch, plan = self.torch, self.plan
+        rows = [Row(name, B) for B in plan.batches]
+
+        def fail(msg: str) -> List[Row]:
+            for r in rows:
+                r.error = msg
+            self.log(f"{name}: {msg}")
+            return rows
+        try:
+            v = variant(name)
+        except Exception as e:
+            return fail(short_error(e))
+        why = v.unavailable(self.device)
+        if why:
+            return fail(f"skipped: {why}")
+        t = time.perf_counter()
+        mods, reals = {}, {}
+        try:
+            for n in self.names:
+                lin = self.model.get_submodule(n)
+                mod, real = v.layer(lin)
+                if mod is not lin:
+                    mods[n] = mod
+                if real is not None:
+                    reals[n] = real.to(torch.float16)
+                if n == self.names[0]:
+                    bad = check_layer(torch, v, mod, real, lin)
+                    if bad:
+                        return fail(bad)
+        except Exception as e:
+            return fail(f"quantize: {short_error(e)}")
+        self.log(f"{name}: {len(mods)} layers made in {time.perf_counter() - t:.1f} s")
+        for row in rows:
+            try:
+                with swapped(self.model, mods):
+                    tokens = self.decode_time(row.batch, row)
+                if reals and plan.accuracy:
+                    self.accuracy(row.batch, v, mods, reals, tokens, row)
+                self.log(f"{name} batch {row.batch}: {row.ms_per_step:.3f} ms/step"
+                         + (f", rel_err {row.rel_err:.2e} (fp32 {row.rel_err_fp32:.2e}), "
+                            f"agreement {row.agreement:.3f}" if row.rel_err is not None else ""))
+            except Exception as e:
+                row.error = short_error(e)
+                self.log(f"{name} batch {row.batch}: {row.error}")
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        return rows
+
+    def env(self) -> dict:
+        torch = self.torch
+        out = {"device": torch.cuda.get_device_name(self.device) if self.graph else "cpu",
+               "torch": torch.__version__, "opgen": __version__, "python": sys.version.split()[0]}
+        try:
+            import transformers
+            out["transformers"] = transformers.__version__
+        except ImportError:
+            pass
+        return out
+
+
+def precompile(bench: Bench, workers: Optional[int]) -> None:
+    """Compile the kernels of every opgen variant, every linear shape and
+    every M the run takes (decode: the batch; prefill: batch x prompt; the
+    layer check), in parallel, before the first layer runs them."""
+    specs = [variant(n).spec for n in bench.plan.variants if n.startswith("opgen:")]
+    if not specs or bench.device.type != "cuda":
+        return
+    shapes = list(dict.fromkeys((m.out_features, m.in_features)
+                                for m in map(bench.model.get_submodule, bench.names)))
+    Ms = sorted({CHECK_ROWS} | {B for B in bench.plan.batches}
+                | {B * bench.plan.prompt for B in bench.plan.batches})
+    jobs = compiles.compile_jobs(specs, shapes, Ms, TuningDB(), True, current_arch())
+    compiles.wait(compiles.start(jobs, current_arch(), workers, bench.log), bench.log)
+
+
+def run(plan: Plan, log: Callable[[str], None] = _log, workers: Optional[int] = None) -> dict:
+    """The e2e result: env, plan, model, rows (one per variant and batch);
+    workers: compile processes (default: all cores but one)."""
+    bench = Bench(plan, log)
+    log(f"model {plan.model}: {len(bench.names)} linear layers, built in {bench.build_s:.1f} s on "
+        f"{bench.device}")
+    precompile(bench, workers)
+    rows: List[Row] = []
+    for name in plan.variants:
+        rows += bench.variant_rows(name)
+    base = {r.batch: r.ms_per_step for r in rows if r.variant == "fp16" and r.ms_per_step}
+    for r in rows:
+        if r.ms_per_step and base.get(r.batch):
+            r.speedup = base[r.batch] / r.ms_per_step
+    cfg = bench.model.config
+    return {
+        "env": bench.env(),
+        "plan": {"model": plan.model, "source": plan.source, "batches": list(plan.batches),
+                 "prompt": plan.prompt, "new_tokens": plan.new_tokens, "repeats": plan.repeats,
+                 "variants": list(plan.variants), "seed": plan.seed, "graph": bench.graph},
+        "model": {"layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size,
+                  "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
+                  "linear_layers": len(bench.names)},
+        "rows": [asdict(r) for r in rows],
+    }
+
+
+def main(plan: Plan, out_dir, command: str, workers: Optional[int] = None,
+         plots: bool = True) -> int:
+    """Run, evaluate the targets, write e2e.json / e2e.md / e2e.png into
+    out_dir and print the tables: 1 when a row failed (a variant that
+    cannot run here, a peer not installed, is skipped, not failed)."""
+    t = time.time()
+    results = {"command": command, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    results.update(run(plan, workers=workers))
+    results["targets"] = e2e_report.evaluate(results["rows"])
+    results["wall_s"] = round(time.time() - t, 1)
+    paths = e2e_report.write_outputs(results, out_dir, plots=plots)
+    print(e2e_report.results_table(results["rows"]))
+    print()
+    print(e2e_report.targets_table(results["targets"]))
+    print()
+    for p in paths:
+        print(p)
+    failed = [r for r in results["rows"] if r["error"] and not r["error"].startswith("skipped:")]
+    if failed:
+        print(f"opgen bench --e2e: {len(failed)} row(s) failed (see e2e.md)", file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,177 @@
+"""The model side of `opgen bench --e2e`: a transformers causal LM built from
+its config with random weights (no download), its linear layers swapped for
+a variant's and back, and greedy decoding with a static KV cache, one decode
+step captured in a CUDA graph (as serving stacks run it).
+
+torch and transformers are imported when a model is built, so importing this
+module needs neither."""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from ..codegen.errors import UserError
+from ..model_shapes import read_config
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
+MIN_TRANSFORMERS = (5, 0)   # the static cache keeps its length on the device (graph-safe)
+
+
+def shipped_models() -> List[str]:
+    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+
+
+def model_config(name_or_path: str, layers: Optional[int] = None) -> Tuple[dict, str]:
+    """(config dict, where it came from): a shipped model's config
+    (`shipped_models()`: published configs, data/models/) or a config.json /
+    model directory; layers: num_hidden_layers overridden (a shorter model of
+    the same shapes)."""
+    shipped = MODELS_DIR / f"{name_or_path}.json"
+    if shipped.is_file():
+        config, source = read_config(shipped)
+    elif Path(name_or_path).exists():
+        config, source = read_config(name_or_path)
+    else:
+        raise UserError(f"--model {name_or_path}: neither a shipped model ("
+                        f"{', '.join(shipped_models())}) nor a config.json or model directory")
+    if layers is not None:
+        if layers < 1:
+            raise UserError(f"--layers {layers}: must be at least 1")
+        config = dict(config, num_hidden_layers=layers)
+    return config, source
+
+
+def linear_names(model) -> List[str]:
+    """The qualified names of the decoder's nn.Linear layers (lm_head stays
+    fp16 in every variant, as the issue's targets and serving stacks keep it)."""
+    from torch import nn
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "lm_head"]
+
+
+def build_model(config: dict, device, dtype, seed: int = 0):
+    """The causal LM of `config` on `device` in `dtype`, weights drawn at
+    random by the model's own initializer (seeded), in eval mode."""
+    import torch
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("opgen bench --e2e needs transformers (pip install transformers)") from None
+    have = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+    if have < MIN_TRANSFORMERS:
+        raise UserError(f"opgen bench --e2e needs transformers >= "
+                        f"{'.'.join(map(str, MIN_TRANSFORMERS))}, found {transformers.__version__}")
+    d = {k: v for k, v in config.items() if k not in ("torch_dtype", "dtype", "architectures")}
+    cfg = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return model.eval()
+
+
+@contextlib.contextmanager
+def swapped(model, modules: Dict[str, object]) -> Iterator[None]:
+    """model with the named submodules replaced by `modules`, restored on exit."""
+    saved = {}
+    try:
+        for name, mod in modules.items():
+            parent, _, child = name.rpartition(".")
+            owner = model.get_submodule(parent) if parent else model
+            saved[name] = (owner, child, getattr(owner, child))
+            setattr(owner, child, mod)
+        yield
+    finally:
+        for owner, child, mod in saved.values():
+            setattr(owner, child, mod)
+
+
+class Decoder:
+    """Greedy decoding of `model` for `batch` prompts of `prompt_len` tokens
+    into a static KV cache of prompt_len + new_tokens: prefill (eager), then
+    new_tokens - 1 decode steps, each reading the token in `ids`, writing the
+    next token's logits (float32) into `logits` and its argmax into `ids`.
+    All of a step's state lives in fixed tensors, so a step can be captured
+    into a CUDA graph (`capture`) and replayed (`step`)."""
+
+    def __init__(self, model, batch: int, prompt_len: int, new_tokens: int):
+        import torch
+        import transformers
+        self.torch, self.model = torch, model
+        self.batch, self.prompt_len, self.new_tokens = batch, prompt_len, new_tokens
+        dev = next(model.parameters()).device
+        self.cache = transformers.StaticCache(config=model.config, max_cache_len=prompt_len + new_tokens)
+        # transformers renamed past_key_values to cache (both are accepted for a while)
+        params = inspect.signature(model.forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.ids = torch.zeros(batch, 1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(batch, 1, dtype=torch.long, device=dev)
+        self.logits = torch.zeros(batch, model.config.vocab_size, dtype=torch.float32, device=dev)
+        self.graph = None
+
+    def _forward(self, ids, pos):
+        out = self.model(input_ids=ids, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         **{self.cache_kw: self.cache})
+        return out.logits[:, -1]
+
+    def prefill(self, prompt) -> None:
+        """Reset the cache, run the prompt [batch, prompt_len]: the first new
+        token's logits and argmax."""
+        torch = self.torch
+        self.cache.reset()
+        pos = torch.arange(self.prompt_len, device=prompt.device).expand(self.batch, -1)
+        with torch.no_grad():
+            self.logits.copy_(self._forward(prompt, pos))
+        self.ids.copy_(self.logits.argmax(-1, keepdim=True))
+        self.pos.fill_(self.prompt_len)
+
+    def _step(self) -> None:
+        with self.torch.no_grad():
+            self.logits.copy_(self._forward(self.ids, self.pos))
+        self.ids.copy_(self.logits.argmax(-1, keepdim=True))
+        self.pos.add_(1)
+
+    def capture(self, prompt, warmup: int = 2) -> None:
+        """Capture one decode step into a CUDA graph. Warm-up steps run first
+        on the capturing stream (first calls load kernels and allocate
+        workspaces, neither of which may happen during capture); the
+        cache is reset by the next prefill."""
+        torch = self.torch
+        self.prefill(prompt)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                self._step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            self._step()
+        torch.cuda.synchronize()
+        self.graph = graph
+
+    def step(self) -> None:
+        """One decode step: the graph's replay once captured."""
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._step()
+
+    def run(self, prompt, force=None, each=None):
+        """Prefill and decode: the model's greedy tokens [batch, new_tokens]
+        (long). force [batch, new_tokens]: teacher forcing (the step of new
+        token t reads force[:, t - 1], not the model's own argmax);
+        each(t, logits): called with the logits of new token t (t = 0: the
+        prefill's)."""
+        torch = self.torch
+        tokens = torch.empty(self.batch, self.new_tokens, dtype=torch.long, device=self.ids.device)
+        self.prefill(prompt)
+        for t in range(self.new_tokens):
+            if t:
+                if force is not None:
+                    self.ids.copy_(force[:, t - 1:t])
+                self.step()
+            tokens[:, t] = self.ids[:, 0]
+            if each is not None:
+                each(t, self.logits)
+        return tokens

@@ -1,0 +1,200 @@
+"""The variants `opgen bench --e2e` decodes with: how each turns one of the
+model's fp16 nn.Linear layers into its own layer, and the real weight that
+layer multiplies by (its dequantized weight: the model holding it in fp16 is
+the reference of the variant's kernel error).
+
+    fp16          the model as built: the baseline
+    opgen:SPEC    opgen.torch.QuantLinear of SPEC (a shipped name or a YAML
+                  file), quantized where the weight lies (round to nearest)
+    torch_int4    torch._weight_int4pack_mm (tinygemm): 4-bit asymmetric,
+                  group 128; bfloat16 activations, as tinygemm takes them
+    gemlite_w4    gemlite's A16W4 (HQQ form (q - z) * s): 4-bit asymmetric,
+                  group 128; a Triton peer, used when the package is installed
+
+The two peers are quantized here, in torch, with the same round-to-nearest
+asymmetric rule (`rtn_asym`), so each variant's dequantized weight is known
+exactly."""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Tuple
+
+from ..codegen.resolve import as_spec
+from ..codegen.spec import A8_DTYPES
+
+PEER_GROUP = 128
+DEFAULT_VARIANTS = ("fp16", "opgen:w4a16_sym_g128", "opgen:awq_w4a16_g128", "opgen:bnb_nf4",
+                    "opgen:mxfp4", "opgen:w8a8_int8", "torch_int4", "gemlite_w4")
+PEERS = ("torch_int4", "gemlite_w4")
+
+
+class Variant:
+    """One way of running the model's linear layers. act: the activations its
+    kernels multiply, when not the model's fp16 ones: "bfloat16" (rounded to
+    it), "int8" / "float8_e4m3" (quantized per row, as opgen.torch does)."""
+    name = ""
+    act: Optional[str] = None
+
+    def unavailable(self, device) -> Optional[str]:
+        """Why this variant cannot run on `device` (a torch.device), or None."""
+        return None
+
+    def layer(self, linear) -> Tuple[object, object]:
+        """(the layer replacing `linear`, its real weight [N, K] float32 on
+        linear's device); fp16 keeps the linear: (linear, None)."""
+        return linear, None
+
+
+class Fp16(Variant):
+    name = "fp16"
+
+
+class Opgen(Variant):
+    def __init__(self, spec: str):
+        self.spec = as_spec(spec)
+        self.name = f"opgen:{spec}"
+        self.act = self.spec.a.dtype if self.spec.a.dtype in A8_DTYPES else None
+
+    def layer(self, linear):
+        from ..torch import QuantLinear
+        q = QuantLinear.from_linear(self.spec, linear)
+        return q, q.dequantized()
+
+
+def rtn_asym(weight, bits: int = 4, group: int = PEER_GROUP):
+    """Round-to-nearest asymmetric quantization per group along K of
+    weight [N, K]: codes q in [0, 2^bits - 1] (uint8 [N, K]), scale s and
+    minimum lo (float32 [N, K / group]), weight ~ q * s + lo."""
+    import torch
+    N, K = weight.shape
+    g = weight.detach().float().reshape(N, K // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    s = ((hi - lo) / (2 ** bits - 1)).clamp(min=torch.finfo(torch.float16).tiny)
+    q = torch.round((g - lo[..., None]) / s[..., None]).clamp(0, 2 ** bits - 1)
+    return q.reshape(N, K).to(torch.uint8), s, lo
+
+
+def _per_element(x, K: int):
+    return x.repeat_interleave(K // x.shape[1], dim=1)
+
+
+class TorchInt4(Variant):
+    """tinygemm: W = (q - 8) * s + z, with s and z in bfloat16 ([K / 128, N, 2])."""
+    name = "torch_int4"
+    act = "bfloat16"
+
+    def unavailable(self, device):
+        import torch
+        if device.type != "cuda":
+            return "torch._weight_int4pack_mm runs on CUDA only"
+        if not hasattr(torch, "_weight_int4pack_mm"):
+            return f"torch {torch.__version__} has no _weight_int4pack_mm"
+        return None
+
+    def layer(self, linear):
+        import torch
+        q, s, lo = rtn_asym(linear.weight)
+        s16 = s.to(torch.bfloat16)
+        z16 = (lo + 8 * s).to(torch.bfloat16)
+        packed = (q[:, ::2] << 4 | q[:, 1::2]).contiguous()     # two codes a byte, even k high
+        mod = _tinygemm_class()(torch._convert_weight_to_int4pack(packed, 8),
+                        torch.stack([s16, z16], -1).transpose(0, 1).contiguous(),
+                        linear.out_features, linear.in_features)
+        K = linear.in_features
+        real = (q.float() - 8) * _per_element(s16.float(), K) + _per_element(z16.float(), K)
+        return mod, real
+
+
+class GemliteW4(Variant):
+    """gemlite A16W4, HQQ form: W = (q - z) * s with s and z in float16 (its
+    kernels compute q * s + (-z * s), the product rounded to float16)."""
+    name = "gemlite_w4"
+
+    def unavailable(self, device):
+        if device.type != "cuda":
+            return "gemlite runs on CUDA only"
+        try:
+            import gemlite  # noqa: F401
+        except ImportError as e:
+            return f"gemlite is not installed ({e}); pip install gemlite"
+        return None
+
+    def layer(self, linear):
+        import torch
+        from gemlite.helper import A16W4_HQQ_INT
+        q, s, lo = rtn_asym(linear.weight)
+        s16 = s.to(torch.float16)
+        z16 = (-lo / s).to(torch.float16)
+        mod = A16W4_HQQ_INT(device=str(linear.weight.device), dtype=torch.float16).from_weights(
+            q, s16, z16)
+        K = linear.in_features
+        shift = (-z16.float() * s16.float()).to(torch.float16).float()
+        real = q.float() * _per_element(s16.float(), K) + _per_element(shift, K)
+        return mod, real
+
+
+@functools.lru_cache(maxsize=None)
+def _tinygemm_class():
+    """The tinygemm layer (an nn.Module class made on first use: this module
+    imports without torch)."""
+    import torch
+    from torch import nn
+
+    class Tinygemm(nn.Module):
+        def __init__(self, packed, scales_and_zeros, N: int, K: int):
+            super().__init__()
+            self.register_buffer("packed", packed)
+            self.register_buffer("scales_and_zeros", scales_and_zeros)
+            self.N, self.K = N, K
+
+        def forward(self, x):
+            a = x.reshape(-1, self.K).to(torch.bfloat16)
+            out = torch._weight_int4pack_mm(a, self.packed, PEER_GROUP, self.scales_and_zeros)
+            return out.to(x.dtype).reshape(*x.shape[:-1], self.N)
+    return Tinygemm
+
+
+def fake_quant(x, act: Optional[str]):
+    """x [..., K] as a variant's kernels take it (act: Variant.act), float32."""
+    import torch
+    if act is None:
+        return x.float()
+    if act == "bfloat16":
+        return x.to(torch.bfloat16).float()
+    from ..torch import quantize_activation
+    q, scale = quantize_activation(x.reshape(-1, x.shape[-1]), act)
+    return (q.float() * scale[:, None]).reshape(x.shape)
+
+
+@functools.lru_cache(maxsize=None)
+def reference_class():
+    """Reference(weight16, act, dtype): x @ W^T as a variant means it, its
+    activations as its kernels take them (fake_quant), its real weight held
+    in float16 (a plain attribute: model.float() leaves it alone), both cast
+    to dtype to multiply: float16 for the reference model, float32 for that
+    model's own fp32 counterpart."""
+    import torch
+
+    class Reference(torch.nn.Module):
+        def __init__(self, weight16, act: Optional[str], dtype):
+            super().__init__()
+            self.w16, self.act, self.dtype = weight16, act, dtype
+
+        def forward(self, x):
+            a = fake_quant(x, self.act).to(self.dtype)
+            return torch.nn.functional.linear(a, self.w16.to(self.dtype)).to(x.dtype)
+    return Reference
+
+
+def variant(name: str) -> Variant:
+    """The variant of a name (`fp16`, `opgen:SPEC`, `torch_int4`, `gemlite_w4`);
+    ValueError names the ones there are."""
+    if name == "fp16":
+        return Fp16()
+    if name.startswith("opgen:") and len(name) > len("opgen:"):
+        return Opgen(name[len("opgen:"):])
+    if name == "torch_int4":
+        return TorchInt4()
+    if name == "gemlite_w4":
+        return GemliteW4()
+    raise ValueError(f"unknown variant {name!r} (known: fp16, opgen:SPEC, {', '.join(PEERS)})")

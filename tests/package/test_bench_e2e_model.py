@@ -1,0 +1,120 @@
+"""The model side of `opgen bench --e2e` (opgen/bench/e2e_model.py): configs
+(shipped and given), the model built from one, swapping layers in and out,
+and greedy decoding with a static KV cache, checked against the model run
+on the whole sequence without a cache. A decode step must never wait on the
+host (no scalar read-back): that is what lets it be captured into a CUDA
+graph, checked here on the CPU by the ops a step dispatches."""
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from opgen.bench import e2e_model as em  # noqa: E402
+from opgen.codegen.errors import UserError  # noqa: E402
+from opgen.model_shapes import linear_shapes  # noqa: E402
+
+TINY = dict(model_type="llama", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+            num_key_value_heads=2, num_hidden_layers=2, vocab_size=512, max_position_embeddings=256)
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA build of torch")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return em.build_model(TINY, "cpu", torch.float16, seed=0)
+
+
+def test_the_shipped_llama_3_8b_config_has_its_published_shapes():
+    config, source = em.model_config("llama-3-8b")
+    assert "llama-3-8b" in em.shipped_models() and source.endswith("llama-3-8b.json")
+    assert [(s.N, s.K) for s in linear_shapes(config)] == [
+        (4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)]
+    assert config["num_hidden_layers"] == 32 and config["vocab_size"] == 128256
+    assert em.model_config("llama-3-8b", layers=2)[0]["num_hidden_layers"] == 2
+
+
+def test_a_config_file_or_directory_and_clear_errors(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    assert em.model_config(str(tmp_path))[0]["hidden_size"] == 256
+    assert em.model_config(str(tmp_path / "config.json"))[0]["hidden_size"] == 256
+    with pytest.raises(UserError, match="neither a shipped model"):
+        em.model_config("no-such-model")
+    with pytest.raises(UserError, match="at least 1"):
+        em.model_config("llama-3-8b", layers=0)
+
+
+def test_linear_names_are_the_decoders_without_lm_head(tiny):
+    names = em.linear_names(tiny)
+    assert len(names) == 7 * TINY["num_hidden_layers"] and "lm_head" not in names
+    assert next(tiny.parameters()).dtype == torch.float16
+
+
+def test_swapped_restores_the_layers_even_on_an_error(tiny):
+    name = em.linear_names(tiny)[0]
+    before = tiny.get_submodule(name)
+    with pytest.raises(RuntimeError):
+        with em.swapped(tiny, {name: torch.nn.Identity()}):
+            assert isinstance(tiny.get_submodule(name), torch.nn.Identity)
+            raise RuntimeError("x")
+    assert tiny.get_submodule(name) is before
+
+
+def test_greedy_decoding_equals_the_uncached_model(tiny):
+    """Tokens from the static cache, step by step, are the argmax of the
+    model run once on the whole sequence; teacher forcing with those tokens
+    gives them again."""
+    prompt = torch.randint(0, TINY["vocab_size"], (3, 9), generator=torch.Generator().manual_seed(0))
+    dec = em.Decoder(tiny, 3, 9, 6)
+    logits = []
+    tokens = dec.run(prompt, each=lambda t, lg: logits.append(lg.clone()))
+    assert tokens.shape == (3, 6) and len(logits) == 6
+    with torch.no_grad():
+        full = tiny(input_ids=torch.cat([prompt, tokens], 1)).logits.float()
+    assert torch.equal(full[:, 8:-1].argmax(-1), tokens)
+    for t, lg in enumerate(logits):
+        assert torch.allclose(lg, full[:, 8 + t], atol=1e-2, rtol=1e-2)
+    assert torch.equal(dec.run(prompt, force=tokens), tokens)
+    # a forced token that is not the argmax changes what follows
+    forced = tokens.clone()
+    forced[:, 0] = (tokens[:, 0] + 1) % TINY["vocab_size"]
+    with torch.no_grad():
+        full2 = tiny(input_ids=torch.cat([prompt, forced[:, :1]], 1)).logits.float()
+    seen = []
+    dec.run(prompt, force=forced, each=lambda t, lg: seen.append(lg.clone()))
+    assert torch.allclose(seen[1], full2[:, -1], atol=1e-2, rtol=1e-2)
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_decode_step_never_reads_a_scalar_back():
+    """aten._local_scalar_dense (.item(), bool(tensor)) would make a step wait
+    on the host, which a CUDA graph capture refuses."""
+    model = em.build_model(TINY, "cpu", torch.float16, seed=1)
+    dec = em.Decoder(model, 2, 5, 4)
+    dec.prefill(torch.randint(0, TINY["vocab_size"], (2, 5)))
+    with _Ops() as spy:
+        dec.step()
+    assert spy.ops and not {o for o in spy.ops if "local_scalar" in o or "nonzero" in o}
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_the_captured_step_decodes_as_the_eager_one():
+    model = em.build_model(TINY, "cuda", torch.float16, seed=2)
+    prompt = torch.randint(0, TINY["vocab_size"], (4, 7), device="cuda")
+    eager = em.Decoder(model, 4, 7, 8).run(prompt)
+    dec = em.Decoder(model, 4, 7, 8)
+    dec.capture(prompt)
+    assert dec.graph is not None
+    assert torch.equal(dec.run(prompt), eager)
+    assert torch.equal(dec.run(prompt), eager)       # a replay again from a reset cache

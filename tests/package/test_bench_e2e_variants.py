@@ -1,0 +1,116 @@
+"""The variants of `opgen bench --e2e` (opgen/bench/e2e_variants.py): each
+layer against the real weight it reports (the reference model is built from
+those), the peers' round-to-nearest quantizer, the activations as each
+variant's kernels take them, and the reference layer."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from opgen.bench import e2e_variants as ev  # noqa: E402
+from opgen.bench.e2e import check_layer  # noqa: E402
+from opgen.codegen import reference as R  # noqa: E402
+from opgen.torch import quantize_activation, to_numpy  # noqa: E402
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA build of torch")
+
+
+def linear(N=64, K=256, device="cpu", seed=0):
+    torch.manual_seed(seed)
+    lin = nn.Linear(K, N, bias=False).to(device).half()
+    return lin
+
+
+def test_variant_names():
+    assert isinstance(ev.variant("fp16"), ev.Fp16)
+    v = ev.variant("opgen:w8a8_int8")
+    assert v.name == "opgen:w8a8_int8" and v.spec.name == "w8a8_int8" and v.act == "int8"
+    assert ev.variant("opgen:bnb_nf4").act is None
+    assert ev.variant("torch_int4").act == "bfloat16"
+    for bad in ("opgen:", "int4", "gemlite"):
+        with pytest.raises(ValueError, match="unknown variant"):
+            ev.variant(bad)
+    assert set(ev.PEERS) <= set(ev.DEFAULT_VARIANTS)
+
+
+def test_fp16_keeps_the_linear():
+    lin = linear()
+    assert ev.Fp16().layer(lin) == (lin, None)
+
+
+@pytest.mark.parametrize("spec", ["w4a16_sym_g128", "awq_w4a16_g128", "bnb_nf4", "w8a8_int8"])
+def test_opgen_layer_and_its_real_weight(spec):
+    """The real weight is the reference dequantization of what the layer
+    stores, and the layer computes with it."""
+    lin = linear()
+    v = ev.variant(f"opgen:{spec}")
+    q, real = v.layer(lin)
+    tensors = {k: to_numpy(getattr(q, k)) for k in ("qweight", "scales", "zeros")
+               if getattr(q, k) is not None}
+    want = R.dequantize(q.kernel_spec, tensors, 64, 256)
+    assert real.dtype == torch.float32 and np.array_equal(real.numpy(), want)
+    assert check_layer(torch, v, q, real, lin) is None
+
+
+def test_check_layer_refuses_a_wrong_layer():
+    lin = linear()
+    v = ev.variant("opgen:w4a16_sym_g128")
+    q, real = v.layer(lin)
+
+    class Off(nn.Module):
+        def forward(self, x):
+            return q(x) * 1.01
+    assert "layer check" in check_layer(torch, v, Off(), real, lin)
+
+
+def test_rtn_asym_codes_and_error_bound():
+    w = torch.randn(32, 512, generator=torch.Generator().manual_seed(3))
+    q, s, lo = ev.rtn_asym(w)
+    assert q.dtype == torch.uint8 and int(q.max()) <= 15 and q.shape == (32, 512)
+    assert s.shape == lo.shape == (32, 4)
+    back = q.float() * s.repeat_interleave(128, 1) + lo.repeat_interleave(128, 1)
+    assert float(((back - w).abs() - s.repeat_interleave(128, 1) / 2).max()) <= 1e-5
+
+
+def test_fake_quant_is_what_the_kernels_take():
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(4)).half()
+    assert torch.equal(ev.fake_quant(x, None), x.float())
+    assert torch.equal(ev.fake_quant(x, "bfloat16"), x.to(torch.bfloat16).float())
+    q, s = quantize_activation(x, "int8")
+    assert torch.equal(ev.fake_quant(x, "int8"), q.float() * s[:, None])
+
+
+def test_reference_layer_multiplies_in_its_dtype_and_keeps_its_weight_out_of_casts():
+    w16 = torch.randn(8, 32).half()
+    Ref = ev.reference_class()
+    r32 = Ref(w16, None, torch.float32)
+    x = torch.randn(3, 32)
+    assert torch.allclose(r32(x), x @ w16.float().T)
+    wrapper = nn.Sequential(r32).float()
+    assert wrapper[0].w16.dtype == torch.float16 and not list(wrapper.parameters())
+    out16 = Ref(w16, None, torch.float16)(x.half())
+    assert out16.dtype == torch.float16
+
+
+def test_the_peers_need_cuda():
+    cpu = torch.device("cpu")
+    assert "CUDA" in ev.TorchInt4().unavailable(cpu)
+    assert "CUDA" in ev.GemliteW4().unavailable(cpu)
+    assert ev.variant("opgen:w4a16_sym_g128").unavailable(cpu) is None
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("name", ["torch_int4", "gemlite_w4", "opgen:w4a16_sym_g128", "opgen:w8a8_int8"])
+def test_gpu_each_layer_computes_with_the_weight_it_reports(name):
+    """tinygemm's packing and gemlite's HQQ form as this module builds them:
+    the layer against x @ real^T (what the reference model is made of)."""
+    v = ev.variant(name)
+    why = v.unavailable(torch.device("cuda"))
+    if why:
+        pytest.skip(why)
+    lin = linear(N=256, K=1024, device="cuda")
+    mod, real = v.layer(lin)
+    assert real.is_cuda and real.shape == (256, 1024)
+    assert check_layer(torch, v, mod, real, lin) is None
