@@ -149,6 +149,9 @@ class Calibration:
     # against the reference on this device: the heuristic picks no other
     # (the tuner times every one, and keeps only those it verified).
     rs_verified: FrozenSet[str]
+    # The GEMVs of 8-bit activations (staged as fp16 values) checked against
+    # the reference on this device: until then the heuristic picks none.
+    a8_gemv_verified: bool = False
 
 
 H200 = Calibration(

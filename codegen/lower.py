@@ -64,7 +64,7 @@ class Numerics:
     code_kind: str           # uint | int | ternary | table | fp4 | fp8e4m3 | fp8e5m2 | f16 | bf16
     dense: bool              # weights are already the mma operand type: no decode
     a_decode: bool           # activations widened (fp8 -> fp16) in shared memory
-    a_row_scale: bool
+    a_row_scale: bool        # the epilogue multiplies row m by a_scale[m]
     scale_dtype: Optional[str]
     scale_native: bool            # scales stored in compute_t (the rs GEMM loads them as they are)
     scale_gran: Optional[str]     # group | channel | tensor | None
@@ -85,6 +85,9 @@ class Numerics:
     # 8-bit activations with sub-byte integer codes: the decode widens q - z to
     # the activation's 8-bit type (no scale: the sums are scaled afterwards).
     widen: bool = False
+    # 8-bit activations staged as fp16 values code * a_scale[m] (the GEMVs:
+    # numerics(..., a_to_f16=True)); from there on the fp16 path.
+    a_staged_scale: bool = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,13 +117,18 @@ _FLOAT_KIND = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3": "fp8e4m3",
 
 
 @functools.lru_cache(maxsize=None)
-def numerics(spec: Spec, fp8_mma: bool = True) -> Numerics:
+def numerics(spec: Spec, fp8_mma: bool = True, a_to_f16: bool = False) -> Numerics:
     """fp8_mma: the target has an e4m3 mma.sync (sm_89+). Without it fp8
     activations are widened to fp16 in shared memory and the weights decoded,
-    so the f16 tensor cores run the product (`a_decode`)."""
+    so the f16 tensor cores run the product (`a_decode`). a_to_f16: 8-bit
+    activations with a row scale are staged as fp16 values (code x
+    a_scale[m], `a_staged_scale`) and the weights decoded to fp16 (the
+    GEMVs, whose fp16 products and sums need values, not codes: int8 x int8
+    products overflow fp16)."""
     w = spec.b
     a = spec.a
-    mma = a.dtype if (a.dtype != "float8_e4m3" or fp8_mma) else "float16"
+    to_f16 = a_to_f16 and a.dtype in A8_DTYPES and a.scale == "row"
+    mma = "float16" if to_f16 else a.dtype if (a.dtype != "float8_e4m3" or fp8_mma) else "float16"
     code = weight_code(w)
     kind = _FLOAT_KIND.get(w.dtype) or ("fp4" if w.dtype == "fp4_e2m1" else _CODE_KIND[code.kind])
     dense = (w.dtype == mma)
@@ -138,7 +146,7 @@ def numerics(spec: Spec, fp8_mma: bool = True) -> Numerics:
         code_kind=kind,
         dense=dense,
         a_decode=mma != a.dtype,
-        a_row_scale=a.scale == "row",
+        a_row_scale=a.scale == "row" and not to_f16,
         scale_dtype=s.dtype if s else None,
         scale_native=bool(s) and mma in ("float16", "bfloat16") and s.dtype == mma,
         scale_gran=s.granularity if s else None,
@@ -157,6 +165,7 @@ def numerics(spec: Spec, fp8_mma: bool = True) -> Numerics:
         activation=spec.epilogue.activation,
         out_dtype=spec.out.dtype,
         widen=widen,
+        a_staged_scale=to_f16,
     )
 
 

@@ -7,7 +7,7 @@ from importlib import resources
 import jinja2
 
 from . import hw, kernel_args, planner
-from .lower import decode_plan, fold_zero, magic_split, numerics, weight_layout, zero_sub_bits
+from .lower import decode_plan, fold_zero, magic_split, weight_layout, zero_sub_bits
 from .spec import WEIGHT_CODES, Spec
 
 # Each kind of kernel and its template (one kernel per template).
@@ -106,7 +106,7 @@ def render(spec: Spec, cfg: planner.Config, arch: str, probes: frozenset = froze
     if unknown:
         raise ValueError(f"the {kind} kernel has no probe {', '.join(sorted(unknown))} "
                          f"(it has: {', '.join(sorted(PROBES.get(kind, ()))) or 'none'})")
-    num = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma)
+    num = planner.kernel_numerics(spec, cfg, arch)
     lay = weight_layout(spec)
     dec = g.get("dec") or decode_plan(lay, num)     # the GEMV may pair codes by byte
     zc = _zero_context(num)

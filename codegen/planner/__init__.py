@@ -16,8 +16,8 @@ from .execution import EXECUTION_SUFFIX, LAYOUTS, execution_spec
 from .dequant import DEQUANT, DEQUANT_KSPLIT, DEQUANT_THREADS, dense_twin, stages
 from .heuristic import gemv_fill, heuristic, predecode_from
 from .launch import Axis, Family, GridRule, Launch, TmaBoxes
-from .registry import (FAMILIES, blocks, family_of, geometry, grid, grid_rule, launch_smem, plan,
-                       shape_ok)
+from .registry import (FAMILIES, blocks, family_of, geometry, grid, grid_rule, kernel_numerics,
+                       launch_smem, plan, shape_ok)
 from .quantize import QUANTIZE_THREADS, quantize_plan
 from .rs import RS_REGS, RS_STAGES, RS_TILES_K, RS_TILES_M, RS_TILES_N
 from .space import PREDECODE_MIN_M, all_configs, candidates
@@ -29,7 +29,8 @@ __all__ = [
     "DEQUANT", "DEQUANT_KSPLIT", "DEQUANT_THREADS", "dense_twin", "stages",
     "gemv_fill", "heuristic", "predecode_from",
     "Axis", "Family", "GridRule", "Launch", "TmaBoxes",
-    "FAMILIES", "blocks", "family_of", "geometry", "grid", "grid_rule", "launch_smem", "plan", "shape_ok",
+    "FAMILIES", "blocks", "family_of", "geometry", "grid", "grid_rule", "kernel_numerics", "launch_smem",
+    "plan", "shape_ok",
     "QUANTIZE_THREADS", "quantize_plan",
     "RS_REGS", "RS_STAGES", "RS_TILES_K", "RS_TILES_M", "RS_TILES_N",
     "PREDECODE_MIN_M", "all_configs", "candidates",

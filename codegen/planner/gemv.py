@@ -1,6 +1,7 @@
 """The GEMV family (gemv_row.cu.j2, gemv_tc.cu.j2, gemv_col.cu.j2): weights
 streamed once at small M, decoded in registers; rows of activations staged in
-shared memory where the weights are stored [N, K]."""
+shared memory where the weights are stored [N, K] (8-bit ones as fp16
+values, code x a_scale[m]: registry.kernel_numerics)."""
 from __future__ import annotations
 
 from typing import Dict
@@ -22,10 +23,13 @@ GEMV_REGS = 160
 def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
     """The SIMT GEMV (weights [N, K]: a warp per `cols` columns; [K, N]: a lane
     per weight vector of columns) or the tensor-core one (Config.tc)."""
-    if spec.a.dtype not in ("float16", "bfloat16"):
-        raise PlanError("the GEMV family takes float16/bfloat16 activations")
+    if spec.a.dtype not in ("float16", "bfloat16") and not num.a_staged_scale:
+        raise PlanError("the GEMV family takes float16/bfloat16 activations, or 8-bit ones "
+                        "with a row scale (staged as fp16 values)")
     if lay.row_axis == "n" and lay.row_div != 1:
         raise PlanError("GEMV needs nt weights packed along k")
+    if num.a_staged_scale and lay.row_axis != "n":
+        raise PlanError("8-bit activations are staged by the row GEMVs: weights stored [N, K]")
     vb = cfg.vbytes
     if vb % lay.elem_bytes or vb % 4:
         raise PlanError("vector bytes must hold whole words")

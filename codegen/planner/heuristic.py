@@ -7,7 +7,7 @@ from typing import FrozenSet, List, Optional, Tuple
 
 from .. import hw
 from ..lower import numerics, vector, weight_layout
-from ..spec import Spec
+from ..spec import A8_DTYPES, Spec
 from .config import Config, PlanError
 from .gemv import gemv_run
 from .registry import blocks
@@ -20,6 +20,14 @@ def rs_pickable(spec: Spec, arch: str) -> bool:
     against the reference on the device (hw.Calibration.rs_verified); the
     others are the tuner's to time, which keeps only verified winners."""
     return kernel_class(spec, arch) in hw.calibration(arch).rs_verified
+
+
+def a8_gemv_pickable(spec: Spec, cfg: Config, arch: str) -> bool:
+    """Whether the heuristic may pick cfg for its activations: a GEMV of
+    8-bit activations only once checked on the device
+    (hw.Calibration.a8_gemv_verified); until then the tuner's to time."""
+    return cfg.family != "gemv" or spec.a.dtype not in A8_DTYPES or \
+        hw.calibration(arch).a8_gemv_verified
 
 
 def predecode_from(spec: Spec, cands: List[Config], arch: str) -> int:
@@ -80,7 +88,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     sms = sms or hw.planned_device(arch).sms
     pick_rs = rs_pickable(spec, arch)
     cands = [c for c in candidates(spec, arch, M, N, K, sms)
-             if c not in exclude and (pick_rs or not c.rs)]
+             if c not in exclude and (pick_rs or not c.rs) and a8_gemv_pickable(spec, c, arch)]
     if not cands:
         raise PlanError(f"{spec.name}: no kernel configuration fits M={M} N={N} K={K} on {arch} "
                         f"once {len(exclude)} excluded ones are left out")

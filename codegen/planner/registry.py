@@ -29,17 +29,27 @@ def family_of(cfg: Config) -> Family:
     return FAMILIES["gemm"]
 
 
+def kernel_numerics(spec: Spec, cfg: Config, arch: str):
+    """The numerics (lower.Numerics) cfg's kernel computes in: the spec's,
+    except that the GEMVs stage 8-bit activations as fp16 values (code x
+    a_scale[m]) and decode the weights to fp16 (lower.numerics a_to_f16)."""
+    return numerics(spec, fp8_mma=hw.arch(arch).fp8_mma,
+                    a_to_f16=cfg.family == "gemv" and spec.a.dtype in A8_DTYPES)
+
+
 def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     """Template constants for (spec, cfg, arch), or PlanError saying why not.
     A predecode config's: its dense GEMM's, marked predecode."""
     a = hw.arch(arch)
-    num = numerics(spec, fp8_mma=a.fp8_mma)
+    num = kernel_numerics(spec, cfg, arch)
     if spec.a.dtype in A8_DTYPES and spec.b is not None and spec.b.dtype != spec.a.dtype:
         # Sub-byte codes with 8-bit activations: the cp.async GEMM widens them
         # to int8 / e4m3 in registers (gemm.cu.j2), on the 8-bit MMA; without
         # an e4m3 MMA (sm_80) both operands are widened to fp16 (a_decode).
-        if family_of(cfg) is not FAMILIES["gemm"] or cfg.predecode:
-            raise PlanError("8-bit activations with sub-byte weights run on the cp.async GEMM only")
+        # The GEMVs take the activations as fp16 values (kernel_numerics).
+        if family_of(cfg) not in (FAMILIES["gemm"], FAMILIES["gemv"]) or cfg.predecode:
+            raise PlanError("8-bit activations with sub-byte weights run on the cp.async GEMM "
+                            "or the GEMVs only")
     if spec.out.dtype in INT_OUT_DTYPES and (family_of(cfg) is not FAMILIES["gemm"] or cfg.predecode):
         raise PlanError(f"only the cp.async GEMM writes an {spec.out.dtype} output (the raw "
                         f"accumulator)")

@@ -516,7 +516,8 @@ def test_a8_specs_check(path, capsys):
 
 def test_fp8_activations_with_sub_byte_weights_run_everywhere():
     """sm_89+: codes widened to e4m3 for the fp8 MMA; sm_80 (no e4m3 MMA):
-    activations and codes widened to fp16 (the cp.async GEMM only)."""
+    activations and codes widened to fp16 (above M = 16, where the GEMVs stop: the
+    cp.async GEMM only)."""
     s = load_spec(A8_PATHS["w4a8_fp8"])
     for arch in ("sm_90", "sm_80"):
         cands = planner.candidates(s, arch, 64, 4096, 4096)

@@ -362,6 +362,23 @@ def test_rs_matches_reference(name, M, N, K, record):
     check_all(spec, cfgs, M, N, K, record)
 
 
+A8_GEMV_SPECS = [n for n in MATMUL_SPECS if any(
+    c.family == "gemv" and planner.kernel_numerics(_run_spec(n), c, "sm_90").a_staged_scale
+    for c in planner.candidates(_run_spec(n), "sm_90", 1, 1024, 1024))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", A8_GEMV_SPECS)
+@pytest.mark.parametrize("M,N,K", [(1, 264, 1152), (3, 1032, 2176), (13, 264, 1152), (16, 520, 1152)])
+def test_a8_gemvs_match_reference(name, M, N, K, record):
+    """The GEMVs of 8-bit activations (staged as fp16 values, code x
+    a_scale[m]: hw.Calibration.a8_gemv_verified waits for this), every
+    config at tails, in the layout opgen.load runs."""
+    spec = _run_spec(name)
+    cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.family == "gemv"]
+    check_all(spec, cfgs, M, N, K, record)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["gptq_v2_w4a16_g128", "gptq_v2_w4a16_g128@exec", "awq_w4a16_g128@exec",
                                   "w4a16_sym_g128", "bnb_nf4", "mxfp4", "bitnet_b158", "fp8_e4m3_w8a16",

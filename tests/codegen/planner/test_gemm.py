@@ -1,5 +1,7 @@
 """planner/gemm.py: the cp.async GEMM (mma.sync or wgmma) and the refusals
 that name their reason."""
+import dataclasses
+
 import pytest
 
 from opgen.codegen import planner
@@ -39,12 +41,14 @@ def test_geometry_refusals_name_the_reason():
     s = spec("w8a8_int8")
     with pytest.raises(planner.PlanError, match="multiple of 128"):
         planner.geometry(s, planner.Config("gemm", 16, 128, 64, 16, 32, 4, 1), "sm_90")
-    with pytest.raises(planner.PlanError, match="float16/bfloat16 activations"):
-        planner.geometry(s, planner.Config("gemv"), "sm_90")
+    # the GEMVs take 8-bit activations only with a row scale (staged as fp16 values)
+    unscaled = dataclasses.replace(s, a=dataclasses.replace(s.a, scale=None))
+    with pytest.raises(planner.PlanError, match="float16/bfloat16 activations, or 8-bit ones"):
+        planner.geometry(unscaled, planner.Config("gemv"), "sm_90")
     # no e4m3 mma before sm_89: fp8 activations are widened to fp16 (BK of 64 halves)
     g = planner.geometry(spec("fp8_e4m3_w8a8"), planner.Config("gemm", 16, 128, 64, 16, 32, 4, 1), "sm_80")
     assert g["a_decode"] and not g["dense"]
-    with pytest.raises(planner.PlanError, match="GEMV family"):
-        planner.geometry(spec("fp8_e4m3_w8a8"), planner.Config("gemv"), "sm_80")
+    # ... but not on the GEMVs, which stage them as fp16 values on every arch
+    assert planner.geometry(spec("fp8_e4m3_w8a8"), planner.Config("gemv"), "sm_80")["scheme"] == "row"
     with pytest.raises(planner.PlanError, match="shared memory"):
         planner.geometry(spec("fp16"), planner.Config("gemm", 128, 128, 64, 64, 32, 16, 1), "sm_86")

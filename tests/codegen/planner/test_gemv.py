@@ -71,3 +71,25 @@ def test_tensor_core_gemv_rules():
     for M in (2, 4, 16):
         pick = planner.heuristic(s, "sm_90", M, 8192, 8192)
         assert pick.tc and pick.mmax >= M and planner.blocks(s, pick, M, 8192) >= 15 * 132 // 8
+
+
+def test_8_bit_activations_are_staged_as_fp16_values():
+    """int8 / e4m3 activations with a row scale on the GEMVs: numerics on the
+    fp16 path (codes x a_scale[m] staged, weights decoded to fp16, no a_scale
+    in the epilogue); the other kernels keep the spec's 8-bit numerics; an
+    int32 output (exact sums) never runs on a GEMV."""
+    for name in ("w8a8_int8", "w4a8_int8_g128", "w4a8_fp8", "fp8_e4m3_w8a8"):
+        s = planner.execution_spec(spec(name), "sm_90")
+        cfg = planner.Config("gemv", vbytes=16, mmax=1, warps=4)
+        num = planner.kernel_numerics(s, cfg, "sm_90")
+        assert num.a_staged_scale and not num.a_row_scale and num.mma == "float16" and not num.widen
+        assert planner.geometry(s, cfg, "sm_90")["scheme"] == "row"
+        gemm = planner.kernel_numerics(s, planner.Config("gemm", 64, 128, 64, 32, 64, 3), "sm_90")
+        assert gemm == numerics(s) and gemm.a_row_scale and not gemm.a_staged_scale
+    exact = planner.execution_spec(spec("int8_int4_int32"), "sm_90")
+    with pytest.raises(planner.PlanError, match="int32"):
+        planner.geometry(exact, planner.Config("gemv", vbytes=16, mmax=1), "sm_90")
+    # weights stored [K, N] (the column GEMV) are not staged: refused
+    kn = dataclasses.replace(spec("w8a8_int8"), b=dataclasses.replace(spec("w8a8_int8").b, layout="tn"))
+    with pytest.raises(planner.PlanError, match="row GEMVs"):
+        planner.geometry(kn, planner.Config("gemv", vbytes=16, mmax=1), "sm_90")
