@@ -338,16 +338,18 @@ def disassemble(cubin: bytes) -> str:
         return subprocess.run([tool, "-c", f.name], check=True, capture_output=True, text=True).stdout
 
 
-def _compile_job(spec: Spec, cfg: planner.Config, arch: str) -> Optional[str]:
+def _compile_job(spec: Spec, cfg: planner.Config, arch: str, pdl: bool = False) -> Optional[str]:
     try:
-        compile_config(spec, cfg, arch)
+        compile_config(spec, cfg, arch, pdl=pdl)
     except (CompileError, planner.PlanError) as e:
         return f"{type(e).__name__}: {e}"
     return None
 
 
 def compile_many(jobs, workers: Optional[int] = None):
-    """Compile (spec, config, arch) jobs into the cubin cache on all CPU cores.
+    """Compile (spec, config, arch) jobs into the cubin cache on all CPU cores
+    ((spec, config, arch, True): the kernels for a programmatic dependent
+    launch, compile_kernel's pdl).
 
     Yields (job, None | why it failed) as each finishes. NVRTC is CPU work, so a
     process pool scales with cores; 'spawn' because the parent may hold a CUDA

@@ -13,32 +13,38 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence
 
 from ..codegen.compiler import compile_many
 from .progress import Progress
 
 
-def compile_all(jobs: Sequence[Tuple[object, object]], arch, workers: int, done,
+def _with_arch(job: tuple, arch) -> tuple:
+    """(spec, config[, pdl]) -> compile_many's (spec, config, arch[, pdl])."""
+    return job[:2] + (arch,) + job[2:]
+
+
+def compile_all(jobs: Sequence[tuple], arch, workers: int, done,
                 stop=lambda: False) -> None:
-    """Compile (spec, config) jobs through compile_many, calling done(job,
-    None | why not) as each finishes; stop() true ends it early (the queued
-    jobs are dropped)."""
+    """Compile (spec, config) jobs ((spec, config, True): the pdl kernels)
+    through compile_many, calling done(job, None | why not) as each
+    finishes; stop() true ends it early (the queued jobs are dropped)."""
     if workers <= 1 or len(jobs) <= 1:
         # In this process, one job at a time: an unexpected exception (a
         # compiler bug) drops that config only.  (In worker processes every
         # exception comes back as the why.)
-        for spec, cfg in jobs:
+        for job in jobs:
             try:
-                for _, why in compile_many([(spec, cfg, arch)], 1):
-                    done((spec, cfg), why)
+                for _, why in compile_many([_with_arch(job, arch)], 1):
+                    done(job, why)
             except Exception as e:                 # a compiler bug: drop, but say so
-                done((spec, cfg), f"{type(e).__name__}: {e}")
+                done(job, f"{type(e).__name__}: {e}")
             if stop():
                 return
         return
-    for (spec, cfg, _), why in compile_many([(spec, cfg, arch) for spec, cfg in jobs], workers):
-        done((spec, cfg), why)
+    back = {_with_arch(job, arch): job for job in jobs}
+    for full, why in compile_many(list(back), workers):
+        done(back[full], why)
         if stop():                     # leaving the loop closes compile_many: it drops the rest
             return
 
@@ -51,21 +57,22 @@ class Compiles:
     and needs a core of its own: callers leave it one.)  With workers = 1
     everything compiles first, in this process.
 
-    stages: {(spec, config): the (spec, config) kernels it launches}."""
+    stages: {(spec, config): the (spec, config) kernels it launches} (a
+    key and its jobs may carry a third element, True: the pdl kernels)."""
 
-    def __init__(self, stages: Dict[Tuple[object, object], list], arch, workers: int,
+    def __init__(self, stages: Dict[tuple, list], arch, workers: int,
                  prog: Optional[Progress] = None):
         self.stages, self.prog = stages, prog or Progress(False)
         self.jobs = list(dict.fromkeys(j for st in stages.values() for j in st))
-        self.owners: Dict[Tuple[object, object], set] = {}
-        for (spec, _), st in stages.items():
+        self.owners: Dict[tuple, set] = {}
+        for key, st in stages.items():
             for j in st:
-                self.owners.setdefault(j, set()).add(spec)
+                self.owners.setdefault(j, set()).add(key[0])
         self.pending: Dict[object, int] = {}
         for specs in self.owners.values():
             for spec in specs:
                 self.pending[spec] = self.pending.get(spec, 0) + 1
-        self.status: Dict[Tuple[object, object], Optional[str]] = {}
+        self.status: Dict[tuple, Optional[str]] = {}
         self.t0 = time.perf_counter()
         self.seconds: Optional[float] = None           # until the last kernel was done
         self._announced = False

@@ -55,7 +55,10 @@ def run(args: argparse.Namespace, command: str) -> int:
     peer_rows = results["peer_rows"] = []
     results["complete"] = False
     # compile in the background while the machine and the peers are timed
-    pending = g.start_precompile(specs, plan.shapes, plan.Ms, db, not args.no_db, args.workers)
+    pdl_Ms = [M for M in plan.Ms if M <= graph_mode.MAX_M] \
+        if plan.graph and plan.pdl and graph_mode.pdl_available(g.arch) else []
+    pending = g.start_precompile(specs, plan.shapes, plan.Ms, db, not args.no_db, args.workers,
+                                 pdl_Ms)
     try:
         results["measured"] = g.measure_machine()
         peers = {}

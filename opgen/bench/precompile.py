@@ -12,11 +12,13 @@ from .failures import short_error
 from .opgen_rows import LINEAR_INPUT
 
 
-def compile_jobs(specs, shapes, Ms, db, use_db: bool, arch: str) -> List[tuple]:
+def compile_jobs(specs, shapes, Ms, db, use_db: bool, arch: str, pdl_Ms=()) -> List[tuple]:
     """(spec, config) of every kernel opgen.load will pick: the DB record of
     the bucket, else the planner's heuristic, as MatmulOp chooses (config
-    None: the quantize kernel of the fused linear).  A miss only means that
-    kernel compiles later, serially."""
+    None: the quantize kernel of the fused linear); for the Ms in pdl_Ms
+    also (spec, config, True), its kernels for a programmatic dependent
+    launch (graph mode's).  A miss only means that kernel compiles later,
+    serially."""
     jobs = {}
     for spec in specs:
         for N, K in shapes:
@@ -24,13 +26,17 @@ def compile_jobs(specs, shapes, Ms, db, use_db: bool, arch: str) -> List[tuple]:
                 op = MatmulOp(spec, N, K, arch=arch, db=db, use_db=use_db and db is not None)
             except Exception:           # a shape the spec cannot run: its rows say so
                 continue
+            pdl_labels = {bucket_of(M) for M in pdl_Ms}
             for label in dict.fromkeys(bucket_of(M) for M in Ms):
                 try:
                     # the heuristic's first pick: a spilling one is passed over (and
                     # its successor compiled) when the op first runs it
-                    jobs[op.kernel_spec, op.choose(label, compiled=False)] = None
+                    cfg = op.choose(label, compiled=False)
                 except Exception:
                     continue
+                jobs[op.kernel_spec, cfg] = None
+                if label in pdl_labels:
+                    jobs[op.kernel_spec, cfg, True] = None
         if spec.a.scale == "row":      # the quantize kernel of opgen's fused linear
             jobs[quantize_spec(spec, LINEAR_INPUT), None] = None
     return list(jobs)

@@ -107,8 +107,10 @@ class Gpu:
         self.cp.get_default_memory_pool().free_all_blocks()
 
     # -- what a run asks
-    def start_precompile(self, specs, shapes, Ms, db, use_db: bool, workers: Optional[int]):
-        jobs = precompile.compile_jobs(specs, shapes, Ms, db, use_db, self.arch)
+    def start_precompile(self, specs, shapes, Ms, db, use_db: bool, workers: Optional[int],
+                         pdl_Ms: Sequence[int] = ()):
+        """pdl_Ms: the Ms whose kernels graph mode also runs with pdl."""
+        jobs = precompile.compile_jobs(specs, shapes, Ms, db, use_db, self.arch, pdl_Ms)
         return precompile.start(jobs, self.arch, workers, self.log)
 
     def wait_precompile(self, handle, cancel: bool = False) -> None:

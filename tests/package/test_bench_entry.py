@@ -19,6 +19,9 @@ def parse(argv):
 
 
 class _FakeGpuRun:
+    arch = "sm_90"
+    pdl_Ms = None
+
     def __init__(self, budget_ms, mem_cap, seed=0):
         self.l2 = 60 << 20
 
@@ -28,7 +31,8 @@ class _FakeGpuRun:
     def env(self):
         return {"device": "FakeGPU", "torch": "0", "cupy": "0", "nvrtc": "0"}
 
-    def start_precompile(self, *a, **k):
+    def start_precompile(self, specs, shapes, Ms, db, use_db, workers, pdl_Ms=()):
+        _FakeGpuRun.pdl_Ms = list(pdl_Ms)
         return "handle"
 
     def wait_precompile(self, handle, cancel=False):
@@ -115,6 +119,7 @@ def test_run_reports_graph_mode(monkeypatch, tmp_path, capsys):
     assert [(t["N"], t["M"]) for t in graph_targets] == [(8192, 1), (28672, 1)]
     assert all(t["opgen_graph_us"] == 7.0 and t["graph_launch"] == "pdl" and t["status"] == "met"
                for t in graph_targets)
+    assert _FakeGpuRun.pdl_Ms == [1]          # graph mode's PDL kernels compiled ahead too
     md = (tmp_path / "bench.md").read_text()
     assert "## Graph mode (L layers back to back, one CUDA graph)" in md
     assert "| PDL µs/layer |" in md
@@ -128,7 +133,7 @@ def test_run_reports_graph_mode(monkeypatch, tmp_path, capsys):
     assert args.no_pdl
     assert cli_bench.cmd_bench(args) == 0
     res = json.loads((tmp_path / "bench.json").read_text())
-    assert res["plan"]["graph"] is True and res["plan"]["pdl"] is False
+    assert res["plan"]["graph"] is True and res["plan"]["pdl"] is False and _FakeGpuRun.pdl_Ms == []
     assert res["timing"]["graph_pdl"] is None and res["rows"][0]["opgen_graph_us"] == 8.0
     assert not any("pdl" in k for r in res["rows"] for k in r)
     assert all(t["graph_launch"] == "plain" for t in res["targets"] if t["mode"] == "graph"

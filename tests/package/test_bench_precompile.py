@@ -28,6 +28,17 @@ def test_precompile_fills_the_cubin_cache(monkeypatch, tmp_path):
     assert "(0 failed; those rows will say why)" in logs[-1]
 
 
+def test_graph_modes_pdl_kernels_are_compiled_ahead_too():
+    """pdl_Ms: the picks of those Ms also as (spec, config, True), the
+    kernels graph mode runs with programmatic dependent launch."""
+    s = spec("w4a16_sym_g128")
+    plain = precompile.compile_jobs([s], [(256, 512)], [1, 64], None, False, "sm_90")
+    both = precompile.compile_jobs([s], [(256, 512)], [1, 64], None, False, "sm_90", pdl_Ms=[1])
+    assert all(len(j) == 2 for j in plain)
+    assert [j for j in both if len(j) == 3] == [plain[0] + (True,)]
+    assert [j for j in both if len(j) == 2] == plain
+
+
 def test_precompile_background_wait_and_cancel(monkeypatch):
     """start returns at once while a thread drains compile_many; wait counts
     the failures (jobs never reported too); cancel returns at once and the

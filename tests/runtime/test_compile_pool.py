@@ -60,6 +60,28 @@ def test_compile_all_parallel_goes_through_compile_many(monkeypatch):
     assert len(status) == 2
 
 
+def test_pdl_jobs_carry_their_flag_to_the_compiler(monkeypatch):
+    """(spec, config, True): compile_many gets (spec, config, arch, True) and
+    the job comes back as it was given, in and out of process; a Compiles
+    keyed by it waits for it under its spec."""
+    seen = []
+
+    def many(jobs, workers):
+        for job in jobs:
+            seen.append(job)
+            yield job, None
+    monkeypatch.setattr(compile_pool, "compile_many", many)
+    jobs = [(SPEC, C["a"]), (SPEC, C["a"], True)]
+    for workers in (1, 4):
+        status = {}
+        compile_pool.compile_all(jobs, "sm_90", workers, status.__setitem__)
+        assert status == {jobs[0]: None, jobs[1]: None}
+    assert seen[-2:] == [(SPEC, C["a"], "sm_90"), (SPEC, C["a"], "sm_90", True)]
+    c = compile_pool.Compiles({j: [j] for j in jobs}, "sm_90", 1)
+    c.wait(SPEC)
+    assert c.failed() == 0 and c.verdict(SPEC, C["a"]) is None
+
+
 def test_compiles_in_this_process_show_progress(monkeypatch):
     monkeypatch.setattr(compile_pool, "compile_many", fake_compile_many)
     pipe = io.StringIO()
