@@ -27,14 +27,15 @@
 #                                                  lines stalled on most
 #   bash bench/gpu_run.sh probe                    bench/wgmma_probe.py -> wgmma_probe.json, .txt
 #   bash bench/gpu_run.sh e2e [E2E_ARGS...]        opgen bench --e2e (Llama-3-8B shape, random
-#                                                  weights) into $OUT/e2e: e2e.json, e2e.md, e2e.png;
-#                                                  gemlite from .whl/gemlite-*.whl when carried
-#                                                  (bench/README.md says how to build it)
+#                                                  weights) into $OUT/e2e: e2e.json, e2e.md, e2e.png
 #   bash bench/gpu_run.sh memcheck [PYTEST_ARGS...] compute-sanitizer memcheck of one config of
 #                                                  each kernel kind per spec at odd tails
 #                                                  (test_kernel.py -k memcheck) -> memcheck.txt;
 #                                                  rc 99: it found an error (Firecracker
 #                                                  runtimes only: KINDS.md)
+#
+# gemlite (a peer of bench and e2e) is installed from .whl/gemlite-*.whl when
+# the run carries it (bench/README.md says how to build the wheel).
 #
 # Time limits per step (s, SIGINT: the tuner keeps every pair it stored, the
 # bench every spec it finished): T_TEST (240), T_TUNE (300), T_BENCH (150),
@@ -51,6 +52,13 @@ PYTEST="python3 -m pytest -q -p no:cacheprovider"
 # The repository as the installed opgen (once per machine; the device copy is fresh).
 python3 -c "import opgen.codegen, opgen.runtime" 2> /dev/null || python3 -m pip install --no-deps --no-build-isolation -q -e . \
   > /tmp/opgen_install.log 2>&1 || { tail -5 /tmp/opgen_install.log; exit 1; }
+
+# gemlite (a pure-Python peer of bench and e2e) as a wheel carried in .whl
+# (bench/README.md): installed aside, not into the image.
+if ls .whl/gemlite-*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/opgen_site .whl/gemlite-*.whl \
+    && export PYTHONPATH=/tmp/opgen_site${PYTHONPATH:+:$PYTHONPATH}
+fi
 
 verify() {
   if [ -n "${T_CASE:-}" ]; then
@@ -115,11 +123,6 @@ bench() {
 }
 
 e2e() {
-  # gemlite (a pure-Python peer) as a wheel carried in .whl: installed aside, not into the image
-  if ls .whl/gemlite-*.whl > /dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/opgen_site .whl/gemlite-*.whl \
-      && export PYTHONPATH=/tmp/opgen_site${PYTHONPATH:+:$PYTHONPATH}
-  fi
   timeout -s INT -k 10 "${T_E2E:-540}" python3 -m opgen.bench --e2e --out "$OUT/e2e" "$@" \
     > "$OUT/e2e_log.txt" 2>&1
   echo "e2e rc=$?"; tail -4 "$OUT/e2e_log.txt"

@@ -1,7 +1,8 @@
 """The peers `opgen bench` times against opgen, in torch: cuBLAS fp16 / bf16
-(`torch.mm`), tinygemm int4 (`torch._weight_int4pack_mm`), cuBLASLt int8
-(`torch._int_mm`), fp8 (`torch._scaled_mm`) and the unfused BMINF-style W8A8
-pipeline (per-row quantize in torch ops, `torch._int_mm`, scale).  Each is
+(`torch.mm`), tinygemm int4 (`torch._weight_int4pack_mm`), gemlite's A16W4
+group-128 Triton kernels (when the gemlite package is installed), cuBLASLt
+int8 (`torch._int_mm`), fp8 (`torch._scaled_mm`) and the unfused BMINF-style
+W8A8 pipeline (per-row quantize in torch ops, `torch._int_mm`, scale).  Each is
 timed once per (N, K, M) and shared by every spec, isolated and, with graph,
 in graph mode (graph.py: L layers in one CUDA graph, here captured by torch).
 `gpu` is runner.Gpu."""
@@ -39,6 +40,26 @@ def peer_defs(gpu, N: int, K: int):
         acc = torch._int_mm(q, w8.t())
         return (acc.float() * s * ws).to(f16)
 
+    gemlite_meta: list = []          # the layer's meta arguments, made with its weights
+
+    def gemlite_w():
+        # HQQ form (q - z) * s, 4-bit codes, fp16 group-128 scales and zeros; its
+        # forward as a function of its tensors, so they can rotate like the others'
+        try:
+            from gemlite.helper import A16W4_HQQ_INT
+        except ImportError as e:
+            raise RuntimeError(f"gemlite is not installed (pip install gemlite): {e}") from None
+        q = torch.randint(0, 16, (N, K), dtype=torch.uint8, device=dev)
+        s = (torch.rand(N, K // 128, device=dev) / 64 + 1e-3).to(f16)
+        z = torch.full((N, K // 128), 8.0, device=dev, dtype=f16)
+        layer = A16W4_HQQ_INT(device=str(dev), dtype=f16).from_weights(q, s, z)
+        gemlite_meta[:] = layer.get_meta_args()
+        return tuple(layer.get_tensor_args())
+
+    def gemlite_call(act, w):
+        from gemlite.core import forward_functional
+        return forward_functional(act[0], None, list(w), gemlite_meta)
+
     f8 = getattr(torch, "float8_e4m3fn", None)
     return {
         "cublas_fp16": (lambda: (randn(N, K, dtype=f16),),
@@ -50,6 +71,7 @@ def peer_defs(gpu, N: int, K: int):
         "tinygemm_int4": (tinygemm_w,
                           lambda M: (randn(M, K, dtype=bf16),),
                           lambda act, w: torch._weight_int4pack_mm(act[0], w[0], 128, w[1])),
+        "gemlite_w4": (gemlite_w, lambda M: (randn(M, K, dtype=f16),), gemlite_call),
         # torch._int_mm needs M > 16: a caller pads smaller batches to 17 rows.
         "int_mm": (lambda: (randi8(N, K),),
                    lambda M: (randi8(max(M, 17), K),),

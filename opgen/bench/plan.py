@@ -24,11 +24,11 @@ DEFAULT_BUDGET_MS = 20.0       # device time per measurement (the tuner uses 30)
 DEFAULT_MEM_CAP_GB = 4.0       # most memory the rotating copies of one problem may take
 
 # Peers, in table order.  Each is timed once per (N, K, M) and shared by all specs.
-PEERS: Tuple[str, ...] = ("cublas_fp16", "cublas_bf16", "tinygemm_int4", "int_mm",
+PEERS: Tuple[str, ...] = ("cublas_fp16", "cublas_bf16", "tinygemm_int4", "gemlite_w4", "int_mm",
                           "scaled_mm", "bminf_w8a8")
 PEER_LABELS = {
     "cublas_fp16": "cuBLAS fp16", "cublas_bf16": "cuBLAS bf16",
-    "tinygemm_int4": "tinygemm int4", "int_mm": "torch._int_mm",
+    "tinygemm_int4": "tinygemm int4", "gemlite_w4": "gemlite W4 g128", "int_mm": "torch._int_mm",
     "scaled_mm": "torch._scaled_mm", "bminf_w8a8": "BMINF W8A8 (unfused)",
 }
 BASELINE = "cublas_fp16"

@@ -1,7 +1,9 @@
 """The peers of `opgen bench` (opgen/bench/peers.py), isolated and in graph
 mode, driven with torch CPU tensors (skipped without torch); on a GPU (gpu
 mark), captured into CUDA graphs."""
+import importlib.util
 import math
+import sys
 
 import pytest
 
@@ -68,15 +70,28 @@ def test_every_peer_in_graph_mode_with_torch_cpu(monkeypatch):
 
 @pytest.mark.gpu
 def test_peers_in_graph_mode_on_the_gpu(record):
-    """cuBLAS and tinygemm captured by torch: finite, positive µs per layer
-    over at least 16 layers."""
+    """cuBLAS, tinygemm and (when installed) gemlite captured by torch:
+    finite, positive µs per layer over at least 16 layers."""
     pytest.importorskip("torch")
     g = Gpu(budget_ms=5, mem_cap=4 << 30)
-    out = g.time_peers(["cublas_fp16", "tinygemm_int4"], 4096, 4096, [1], graph=True)[1]
-    for peer in ("cublas_fp16", "tinygemm_int4"):
+    names = ["cublas_fp16", "tinygemm_int4"] + (["gemlite_w4"] if importlib.util.find_spec("gemlite") else [])
+    out = g.time_peers(names, 4096, 4096, [1], graph=True)[1]
+    for peer in names:
         us = out.get(f"{peer}_graph_us")
         assert us is not None and math.isfinite(us) and us > 0, out
         assert out["graph_layers"][peer] >= MIN_LAYERS
         record(check="bench graph mode", peer=peer, M=1, layers=out["graph_layers"][peer],
                graph_us=us, isolated_us=out[f"{peer}_us"])
     g.free()
+
+
+def test_gemlite_without_the_package_is_an_error_string(monkeypatch):
+    """gemlite is optional: without it its rows say how to install it."""
+    torch = pytest.importorskip("torch")
+    g = fake_gpu(monkeypatch, torch)
+    g.log = lambda text: None
+    monkeypatch.setitem(sys.modules, "gemlite", None)
+    monkeypatch.setitem(sys.modules, "gemlite.helper", None)
+    r = peers.time_peers(g, ["gemlite_w4"], 256, 256, [1], graph=True)[1]
+    assert r["gemlite_w4_us"] is None and r["gemlite_w4_graph_us"] is None
+    assert "gemlite is not installed (pip install gemlite)" in r["errors"]["gemlite_w4"]
