@@ -2,7 +2,7 @@
 distinct weight shape (N, K) and the layers that have it, so that opgen can be
 tuned for a model (`opgen tune --model`) without loading any weight.
 
-    config, source = read_config("Meta-Llama-3-8B/")       # or .../config.json
+    config, source = model_config("Meta-Llama-3-8B/")      # or .../config.json, or "llama-3-8b"
     for s in linear_shapes(config, source):                # [LinearShape(N=4096, K=4096, ...), ...]
         print(s.N, s.K, s.layers)
 
@@ -23,7 +23,8 @@ from typing import Dict, List, Mapping, Tuple, Union
 
 from .codegen.errors import UserError
 
-__all__ = ["LinearShape", "read_config", "linear_layers", "linear_shapes"]
+__all__ = ["LinearShape", "MODELS_DIR", "shipped_models", "model_config", "read_config",
+           "linear_layers", "linear_shapes"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,28 @@ class LinearShape:
     N: int                      # out_features
     K: int                      # in_features
     layers: Tuple[str, ...]     # the layers of this shape, as named in one decoder layer
+
+
+# Published config.json files of common models (their fields as released),
+# so that `opgen tune --model NAME` and `opgen bench --e2e --model NAME`
+# need no download.
+MODELS_DIR = Path(__file__).resolve().parent / "data" / "models"
+
+
+def shipped_models() -> List[str]:
+    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+
+
+def model_config(name_or_path: Union[str, Path]) -> Tuple[dict, str]:
+    """(config dict, the file it came from) of a shipped model
+    (`shipped_models()`) or of a config.json / model directory."""
+    shipped = MODELS_DIR / f"{name_or_path}.json"
+    if shipped.is_file():
+        return read_config(shipped)
+    if not Path(name_or_path).exists():
+        raise UserError(f"{name_or_path}: neither a shipped model ({', '.join(shipped_models())}) "
+                        f"nor a config.json or model directory")
+    return read_config(name_or_path)
 
 
 def read_config(path: Union[str, Path]) -> Tuple[dict, str]:

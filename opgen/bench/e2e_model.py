@@ -9,33 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from .. import model_shapes
 from ..codegen.errors import UserError
-from ..model_shapes import read_config
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
 MIN_TRANSFORMERS = (5, 0)   # the static cache keeps its length on the device (graph-safe)
 
 
-def shipped_models() -> List[str]:
-    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
-
-
 def model_config(name_or_path: str, layers: Optional[int] = None) -> Tuple[dict, str]:
-    """(config dict, where it came from): a shipped model's config
-    (`shipped_models()`: published configs, data/models/) or a config.json /
-    model directory; layers: num_hidden_layers overridden (a shorter model of
-    the same shapes)."""
-    shipped = MODELS_DIR / f"{name_or_path}.json"
-    if shipped.is_file():
-        config, source = read_config(shipped)
-    elif Path(name_or_path).exists():
-        config, source = read_config(name_or_path)
-    else:
-        raise UserError(f"--model {name_or_path}: neither a shipped model ("
-                        f"{', '.join(shipped_models())}) nor a config.json or model directory")
+    """model_shapes.model_config (a shipped model or a config.json / model
+    directory), with num_hidden_layers overridden by layers (a shorter model
+    of the same shapes)."""
+    try:
+        config, source = model_shapes.model_config(name_or_path)
+    except UserError as e:
+        raise UserError(f"--model {e}") from None
     if layers is not None:
         if layers < 1:
             raise UserError(f"--layers {layers}: must be at least 1")

@@ -12,6 +12,7 @@ from ..bench.e2e_variants import DEFAULT_VARIANTS, variant
 from ..bench.plan import (BASELINE, DEFAULT_BUDGET_MS, DEFAULT_MEM_CAP_GB, DEFAULT_MS,
                           DEFAULT_SHAPES, PEERS, QUICK_MS, QUICK_SHAPES, QUICK_SPECS)
 from ..codegen.errors import SpecErrors, UserError
+from ..model_shapes import shipped_models
 from .args import parse_ints, parse_names, parse_shapes, positive_int
 from .command import Command
 
@@ -70,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "e2e.png")
     e.add_argument("--e2e", action="store_true", help="time whole-model decoding instead of kernels")
     e.add_argument("--model", default=None, metavar="NAME|PATH",
-                   help=f"a shipped model ({', '.join(e2e_model.shipped_models())}) or a "
+                   help=f"a shipped model ({', '.join(shipped_models())}) or a "
                         f"config.json / model directory (default {e2e.DEFAULT_MODEL})")
     e.add_argument("--layers", type=positive_int, default=None,
                    help="decoder layers (default: the config's num_hidden_layers)")

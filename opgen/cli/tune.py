@@ -5,12 +5,13 @@ GPU, or Ray tasks), and its report."""
 from __future__ import annotations
 
 import argparse
+import statistics
 from typing import List, Tuple
 
 from ..bench.plan import matmul_specs, shipped_matmul_specs
 from ..codegen import planner
 from ..codegen.errors import UserError
-from ..model_shapes import linear_shapes, read_config
+from ..model_shapes import linear_shapes, model_config, shipped_models
 from ..runtime import tune_pool, tuner
 from ..runtime.device import NoGPUError
 from ..runtime.tune_ray import RayWorkers
@@ -34,9 +35,10 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
                    help="weight shapes N x K, e.g. 4096x4096,8192x8192")
     p.add_argument("--N", type=positive_int, default=None, help="with --K: one shape")
     p.add_argument("--K", type=positive_int, default=None)
-    p.add_argument("--model", metavar="PATH", default=None,
-                   help="a Hugging Face config.json or model directory: every distinct N x K of "
-                        "its linear layers (a spec's alignment rules may skip some)")
+    p.add_argument("--model", metavar="NAME|PATH", default=None,
+                   help="a shipped model (" + ", ".join(shipped_models()) + ") or a Hugging Face "
+                        "config.json or model directory: every distinct N x K of its linear "
+                        "layers (a spec's alignment rules may skip some)")
     p.add_argument("--lm-head", action="store_true", help="with --model: lm_head's shape too")
     p.add_argument("--M", type=parse_ints, default=None, metavar="M,...",
                    help="comma-separated M values, one per bucket "
@@ -86,7 +88,7 @@ def specs_and_shapes(args):
         raise UserError("--N and --K go together (or give --shapes NxK)")
     notes = []
     if args.model is not None:
-        config, source = read_config(args.model)
+        config, source = model_config(args.model)
         found = linear_shapes(config, source, lm_head=args.lm_head)
         shapes = [(s.N, s.K) for s in found]
         notes.append(f"{source}: {len(found)} distinct linear shape(s) (N x K): "
@@ -206,6 +208,24 @@ def merged(runs: List[tuner.TuneRun]) -> tuner.TuneRun:
                          interrupted=any(r.interrupted for r in runs))
 
 
+# The heuristic is to stay within this of the tuned winner on shapes never
+# tuned (issue 27: `opgen tune --model` of a model the DB has not seen).
+HEURISTIC_WITHIN = 1.15
+
+
+def heuristic_summary(run: tuner.TuneRun) -> str:
+    """One line: the heuristic's pick against the winner over every stored
+    bucket (its time / the winner's), the median, the worst and how many
+    buckets are over HEURISTIC_WITHIN; "" when no record has both."""
+    got = sorted(((x, f"{res.spec_name} {res.N}x{res.K} {b}") for res in run.results
+                  for b, r in res.items() for x in [speedup(r)] if x is not None), key=lambda t: t[0])
+    if not got:
+        return ""
+    over = [where for x, where in got if x > HEURISTIC_WITHIN]
+    return (f"heuristic / tuned: median {statistics.median(x for x, _ in got):.2f}x, worst {got[-1][0]:.2f}x "
+            f"({got[-1][1]}); {len(over)} of {len(got)} bucket(s) over {HEURISTIC_WITHIN}x")
+
+
 def report(run: tuner.TuneRun, db_path) -> str:
     """A table per (spec, shape), what failed, and where the time went."""
     out: List[str] = []
@@ -229,6 +249,9 @@ def report(run: tuner.TuneRun, db_path) -> str:
         if res.compile_failed:
             out.append(f"{len(res.compile_failed)} config(s) did not compile")
         out.append("")
+    summary = heuristic_summary(run)
+    if summary:
+        out.append(summary)
     stored = sum(len(r) for r in run.results)
     wanted = sum(len(r) + len(r.untuned) for r in run.results if r.error is None)
     timing_s = sum(r.seconds for r in run.results)

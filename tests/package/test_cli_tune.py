@@ -90,6 +90,8 @@ def test_report():
     assert "1 config(s) failed to launch: nolaunch: RuntimeError: CUDA_ERROR_INVALID_VALUE" in text
     assert "== w8a16_fake  N=1024 K=1024: NOT tuned (setup failed: RuntimeError: out of memory)" in text
     assert "stored 2 record(s) of 2 bucket(s), 2 (spec, shape) pair(s), in /tmp/db.json" in text
+    assert ("heuristic / tuned: median 1.55x, worst 2.10x (w4a16_fake 1024x1024 1); "
+            "1 of 2 bucket(s) over 1.15x") in text
     assert lines[-1].startswith("total ") and "compiling 10 kernels" in lines[-1]
 
 
@@ -155,7 +157,7 @@ def test_model_shapes_a_spec_refuses_are_skipped(capsys, monkeypatch, tmp_path):
 @pytest.mark.parametrize("argv, msg", [
     (["--model", "{d}", "--shapes", "4096x4096"], "--model and --shapes/--N/--K both given"),
     (["--shapes", "4096x4096", "--lm-head"], "--lm-head goes with --model"),
-    (["--model", "{d}/nothere.json"], "nothere.json: no such file"),
+    (["--model", "{d}/nothere.json"], "nothere.json: neither a shipped model"),
     (["--model", "{d}/bad.json"], "bad.json: hidden_size: missing"),
 ])
 def test_model_errors(argv, msg, capsys, monkeypatch, tmp_path):

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from opgen.codegen.errors import UserError
-from opgen.model_shapes import LinearShape, linear_layers, linear_shapes, read_config
+from opgen.model_shapes import (LinearShape, linear_layers, linear_shapes, model_config, read_config,
+                                shipped_models)
 
 # The fields that matter of each model's published config.json.
 LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
@@ -106,3 +107,30 @@ def test_read_config(tmp_path):
     (tmp_path / "list.json").write_text("[]")
     with pytest.raises(UserError, match="expected a JSON object"):
         read_config(tmp_path / "list.json")
+
+
+SHIPPED = {"llama-3-8b": "llama3_8b", "llama-3-70b": "llama3_70b", "qwen2.5-7b": "qwen2.5_7b",
+           "qwen2.5-14b": "qwen2.5_14b", "qwen2.5-72b": "qwen2.5_72b", "mistral-7b": "mistral_7b",
+           "gpt-oss-20b": "gpt-oss-20b"}
+SIZES = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+         "num_hidden_layers", "head_dim", "num_local_experts", "vocab_size")
+
+
+def test_shipped_models_have_the_published_shapes():
+    """The configs shipped for `--model NAME` (no download) give each
+    model's published linear shapes and sizes (the fields written above)."""
+    assert shipped_models() == sorted(SHIPPED)
+    for name, key in SHIPPED.items():
+        config, source = model_config(name)
+        want_config, shapes = EXPECTED[key]
+        assert source.endswith(f"{name}.json")
+        assert [(s.N, s.K) for s in linear_shapes(config)] == shapes, name
+        for k in SIZES:
+            assert config.get(k) == want_config.get(k), (name, k)
+
+
+def test_model_config_of_a_path_or_an_unknown_name(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    assert model_config(tmp_path)[0] == LLAMA3_8B
+    with pytest.raises(UserError, match="neither a shipped model"):
+        model_config("llama-9")
