@@ -283,22 +283,17 @@ def precompile(bench: Bench, workers: Optional[int]) -> None:
     compiles.wait(compiles.start(jobs, current_arch(), workers, bench.log), bench.log)
 
 
-def run(plan: Plan, log: Callable[[str], None] = _log, workers: Optional[int] = None) -> dict:
-    """The e2e result: env, plan, model, rows (one per variant and batch);
-    workers: compile processes (default: all cores but one)."""
+def run(plan: Plan, log: Callable[[str], None] = _log, workers: Optional[int] = None,
+        on_rows: Optional[Callable[[dict], None]] = None) -> dict:
+    """The e2e result: env, plan, model, rows (one per variant and batch),
+    complete; workers: compile processes (default: all cores but one);
+    on_rows(result so far): after each variant (a run cut short keeps them)."""
     bench = Bench(plan, log)
     log(f"model {plan.model}: {len(bench.names)} linear layers, built in {bench.build_s:.1f} s on "
         f"{bench.device}")
     precompile(bench, workers)
-    rows: List[Row] = []
-    for name in plan.variants:
-        rows += bench.variant_rows(name)
-    base = {r.batch: r.ms_per_step for r in rows if r.variant == "fp16" and r.ms_per_step}
-    for r in rows:
-        if r.ms_per_step and base.get(r.batch):
-            r.speedup = base[r.batch] / r.ms_per_step
     cfg = bench.model.config
-    return {
+    out = {
         "env": bench.env(),
         "plan": {"model": plan.model, "source": plan.source, "batches": list(plan.batches),
                  "prompt": plan.prompt, "new_tokens": plan.new_tokens, "repeats": plan.repeats,
@@ -306,8 +301,20 @@ def run(plan: Plan, log: Callable[[str], None] = _log, workers: Optional[int] = 
         "model": {"layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size,
                   "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
                   "linear_layers": len(bench.names)},
-        "rows": [asdict(r) for r in rows],
+        "complete": False, "rows": [],
     }
+    rows: List[Row] = []
+    for name in plan.variants:
+        rows += bench.variant_rows(name)
+        base = {r.batch: r.ms_per_step for r in rows if r.variant == "fp16" and r.ms_per_step}
+        for r in rows:
+            if r.ms_per_step and base.get(r.batch):
+                r.speedup = base[r.batch] / r.ms_per_step
+        out["rows"] = [asdict(r) for r in rows]
+        if on_rows is not None:
+            on_rows(out)
+    out["complete"] = True
+    return out
 
 
 def main(plan: Plan, out_dir, command: str, workers: Optional[int] = None,
@@ -316,11 +323,15 @@ def main(plan: Plan, out_dir, command: str, workers: Optional[int] = None,
     out_dir and print the tables: 1 when a row failed (a variant that
     cannot run here, a peer not installed, is skipped, not failed)."""
     t = time.time()
-    results = {"command": command, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    results.update(run(plan, workers=workers))
+    head = {"command": command, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+    def write(partial: dict, plots: bool = False) -> List[str]:
+        results = dict(head, **partial, targets=e2e_report.evaluate(partial["rows"]),
+                       wall_s=round(time.time() - t, 1))
+        return e2e_report.write_outputs(results, out_dir, plots=plots)
+    results = run(plan, workers=workers, on_rows=write)
+    paths = write(results, plots)
     results["targets"] = e2e_report.evaluate(results["rows"])
-    results["wall_s"] = round(time.time() - t, 1)
-    paths = e2e_report.write_outputs(results, out_dir, plots=plots)
     print(e2e_report.results_table(results["rows"]))
     print()
     print(e2e_report.targets_table(results["targets"]))

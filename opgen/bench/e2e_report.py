@@ -103,6 +103,8 @@ def markdown(results: dict) -> str:
     env, plan, model = results["env"], results["plan"], results["model"]
     lines = [f"# opgen bench --e2e: {env.get('device', '?')}", "",
              f"`{results.get('command', '')}`", "",
+             *(["**Partial results: the run had not finished when this was written.**", ""]
+               if results.get("complete") is False else []),
              f"Model {plan['model']} ({model['layers']} layers, hidden {model['hidden_size']}, "
              f"intermediate {model['intermediate_size']}, vocab {model['vocab_size']}; random "
              f"weights; lm_head fp16), prompt {plan['prompt']} tokens, {plan['new_tokens']} new "

@@ -74,7 +74,16 @@ def test_a_failing_variant_fails_its_rows_and_the_command(tmp_path, monkeypatch,
 
 def test_skips_alone_do_not_fail_the_command(tmp_path):
     rc = e2e.main(plan(("fp16", "gemlite_w4"), batches=(1,)), tmp_path, "cmd", plots=False)
-    assert rc == 0
+    assert rc == 0 and json.loads((tmp_path / "e2e.json").read_text())["complete"] is True
+
+
+def test_results_so_far_after_each_variant(tmp_path):
+    """A run cut short keeps what it measured: on_rows gets the result after
+    every variant (main writes it out), complete only at the end."""
+    seen = []
+    out = e2e.run(plan(("fp16", "torch_int4"), batches=(1,), accuracy=False), log=lambda s: None,
+                  on_rows=lambda r: seen.append((r["complete"], [x["variant"] for x in r["rows"]])))
+    assert seen == [(False, ["fp16"]), (False, ["fp16", "torch_int4"])] and out["complete"]
 
 
 @pytest.mark.gpu
