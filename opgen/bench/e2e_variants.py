@@ -21,6 +21,7 @@ from typing import Optional, Tuple
 
 from ..codegen.resolve import as_spec
 from ..codegen.spec import A8_DTYPES
+from . import gemlite_peer
 
 PEER_GROUP = 128
 DEFAULT_VARIANTS = ("fp16", "opgen:w4a16_sym_g128", "opgen:awq_w4a16_g128", "opgen:bnb_nf4",
@@ -114,19 +115,17 @@ class GemliteW4(Variant):
         if device.type != "cuda":
             return "gemlite runs on CUDA only"
         try:
-            import gemlite  # noqa: F401
-        except ImportError as e:
-            return f"gemlite is not installed ({e}); pip install gemlite"
+            gemlite_peer.gemlite()
+        except RuntimeError as e:
+            return str(e)
         return None
 
     def layer(self, linear):
         import torch
-        from gemlite.helper import A16W4_HQQ_INT
         q, s, lo = rtn_asym(linear.weight)
         s16 = s.to(torch.float16)
         z16 = (-lo / s).to(torch.float16)
-        mod = A16W4_HQQ_INT(device=str(linear.weight.device), dtype=torch.float16).from_weights(
-            q, s16, z16)
+        mod = gemlite_peer.w4_layer(q, s16, z16)
         K = linear.in_features
         shift = (-z16.float() * s16.float()).to(torch.float16).float()
         real = q.float() * _per_element(s16.float(), K) + _per_element(shift, K)

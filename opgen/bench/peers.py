@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Optional, Sequence
 
+from . import gemlite_peer
 from . import graph as graph_mode
 from .failures import short_error
 from .roofline import _r
@@ -43,22 +44,13 @@ def peer_defs(gpu, N: int, K: int):
     gemlite_meta: list = []          # the layer's meta arguments, made with its weights
 
     def gemlite_w():
-        # HQQ form (q - z) * s, 4-bit codes, fp16 group-128 scales and zeros; its
-        # forward as a function of its tensors, so they can rotate like the others'
-        try:
-            from gemlite.helper import A16W4_HQQ_INT
-        except ImportError as e:
-            raise RuntimeError(f"gemlite is not installed (pip install gemlite): {e}") from None
+        # its forward as a function of its tensors, so they can rotate like the others'
         q = torch.randint(0, 16, (N, K), dtype=torch.uint8, device=dev)
         s = (torch.rand(N, K // 128, device=dev) / 64 + 1e-3).to(f16)
         z = torch.full((N, K // 128), 8.0, device=dev, dtype=f16)
-        layer = A16W4_HQQ_INT(device=str(dev), dtype=f16).from_weights(q, s, z)
-        gemlite_meta[:] = layer.get_meta_args()
-        return tuple(layer.get_tensor_args())
-
-    def gemlite_call(act, w):
-        from gemlite.core import forward_functional
-        return forward_functional(act[0], None, list(w), gemlite_meta)
+        layer = gemlite_peer.w4_layer(q, s, z)
+        gemlite_meta[:] = gemlite_peer.meta_args(layer)
+        return gemlite_peer.tensor_args(layer)
 
     f8 = getattr(torch, "float8_e4m3fn", None)
     return {
@@ -71,7 +63,8 @@ def peer_defs(gpu, N: int, K: int):
         "tinygemm_int4": (tinygemm_w,
                           lambda M: (randn(M, K, dtype=bf16),),
                           lambda act, w: torch._weight_int4pack_mm(act[0], w[0], 128, w[1])),
-        "gemlite_w4": (gemlite_w, lambda M: (randn(M, K, dtype=f16),), gemlite_call),
+        "gemlite_w4": (gemlite_w, lambda M: (randn(M, K, dtype=f16),),
+                       lambda act, w: gemlite_peer.forward(act[0], w, gemlite_meta)),
         # torch._int_mm needs M > 16: a caller pads smaller batches to 17 rows.
         "int_mm": (lambda: (randi8(N, K),),
                    lambda M: (randi8(max(M, 17), K),),
