@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .. import __version__
 from ..codegen.errors import UserError
 from ..runtime.device import current_arch
 from ..runtime.tuning_db import TuningDB
-from . import e2e_report
+from . import e2e_load, e2e_report
 from . import precompile as compiles
 from .e2e_model import Decoder, build_model, linear_names, swapped
 from .e2e_variants import Variant, reference_class, variant
@@ -64,6 +66,7 @@ class Plan:
     variants: Sequence[str] = ()
     repeats: int = DEFAULT_REPEATS
     accuracy: bool = True
+    load_time: bool = False         # also time a GPTQ checkpoint of the model loading (e2e_load.py)
     seed: int = 0
 
 
@@ -283,6 +286,21 @@ def precompile(bench: Bench, workers: Optional[int]) -> None:
     compiles.wait(compiles.start(jobs, current_arch(), workers, bench.log), bench.log)
 
 
+def load_time(bench: Bench) -> dict:
+    """The model written as a GPTQ v2 checkpoint (a temporary directory) and
+    loaded in a fresh process to a model ready to decode (e2e_load.py)."""
+    with tempfile.TemporaryDirectory(prefix="opgen_e2e_ckpt_") as d:
+        try:
+            out = e2e_load.write_gptq(bench.model, bench.names, bench.plan.config, Path(d))
+            out.update(e2e_load.time_load(Path(d), str(bench.device)))
+        except Exception as e:
+            out = {"error": short_error(e)}
+    bench.log("checkpoint load: " + (out["error"] if "error" in out else
+                                     f"{out['bytes'] / 1e9:.2f} GB written in {out['write_s']:.1f} s, "
+                                     f"ready in {out['process_s']:.1f} s"))
+    return dict(out, format=e2e_load.GPTQ_SPEC)
+
+
 def run(plan: Plan, log: Callable[[str], None] = _log, workers: Optional[int] = None,
         on_rows: Optional[Callable[[dict], None]] = None) -> dict:
     """The e2e result: env, plan, model, rows (one per variant and batch),
@@ -303,6 +321,8 @@ def run(plan: Plan, log: Callable[[str], None] = _log, workers: Optional[int] = 
                   "linear_layers": len(bench.names)},
         "complete": False, "rows": [],
     }
+    if plan.load_time:
+        out["load"] = load_time(bench)
     rows: List[Row] = []
     for name in plan.variants:
         rows += bench.variant_rows(name)
@@ -326,12 +346,12 @@ def main(plan: Plan, out_dir, command: str, workers: Optional[int] = None,
     head = {"command": command, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
     def write(partial: dict, plots: bool = False) -> List[str]:
-        results = dict(head, **partial, targets=e2e_report.evaluate(partial["rows"]),
+        results = dict(head, **partial, targets=e2e_report.evaluate(partial["rows"], partial.get("load")),
                        wall_s=round(time.time() - t, 1))
         return e2e_report.write_outputs(results, out_dir, plots=plots)
     results = run(plan, workers=workers, on_rows=write)
     paths = write(results, plots)
-    results["targets"] = e2e_report.evaluate(results["rows"])
+    results["targets"] = e2e_report.evaluate(results["rows"], results.get("load"))
     print(e2e_report.results_table(results["rows"]))
     print()
     print(e2e_report.targets_table(results["targets"]))
@@ -339,6 +359,8 @@ def main(plan: Plan, out_dir, command: str, workers: Optional[int] = None,
     for p in paths:
         print(p)
     failed = [r for r in results["rows"] if r["error"] and not r["error"].startswith("skipped:")]
+    if "error" in results.get("load", {}):
+        failed.append(results["load"])
     if failed:
         print(f"opgen bench --e2e: {len(failed)} row(s) failed (see e2e.md)", file=sys.stderr)
     return 1 if failed else 0

@@ -77,6 +77,18 @@ def test_skips_alone_do_not_fail_the_command(tmp_path):
     assert rc == 0 and json.loads((tmp_path / "e2e.json").read_text())["complete"] is True
 
 
+def test_load_time_and_its_target(tmp_path):
+    """--load-time: the model's GPTQ checkpoint loaded by a fresh process,
+    its figures in e2e.json and e2e.md, the load target evaluated."""
+    assert e2e.main(plan(("fp16",), batches=(1,), load_time=True), tmp_path, "cmd", plots=False) == 0
+    out = json.loads((tmp_path / "e2e.json").read_text())
+    load = out["load"]
+    assert load["format"] == "gptq_v2_w4a16_g128" and load["served"] == 14 and load["process_s"] > 0
+    (t,) = [t for t in out["targets"] if t["target"].startswith("GPTQ checkpoint directory")]
+    assert t["measured"] == load["process_s"] and t["status"] in ("met", "missed")
+    assert "## Checkpoint load" in (tmp_path / "e2e.md").read_text()
+
+
 def test_results_so_far_after_each_variant(tmp_path):
     """A run cut short keeps what it measured: on_rows gets the result after
     every variant (main writes it out), complete only at the end."""

@@ -72,3 +72,15 @@ def test_write_outputs(tmp_path):
     assert [p.split("/")[-1] for p in paths] == ["e2e.json", "e2e.md"]
     assert json.loads((tmp_path / "e2e.json").read_text())["plan"]["model"] == "llama-3-8b"
     assert rep.plot(dict(results(), rows=[]), tmp_path) == []
+
+
+def test_the_load_target_and_paragraph():
+    t = rep.evaluate(rows(), {"process_s": 12.5})[-1]
+    assert (t["measured"], t["status"]) == (12.5, "met")
+    assert rep.evaluate(rows(), {"process_s": 31.0})[-1]["status"] == "missed"
+    assert rep.evaluate(rows())[-1]["status"] == "not measured"
+    load = {"format": "gptq_v2_w4a16_g128", "bytes": 5.7e9, "write_s": 9.0, "process_s": 12.5,
+            "import_s": 3.0, "load_s": 8.0, "served": 224, "dequantized": 0}
+    md = rep.markdown(dict(results(), load=load))
+    assert "5.70 GB" in md and "ready 12.5 s" in md and "224 layers on opgen" in md
+    assert "Failed: boom" in rep.markdown(dict(results(), load={"error": "boom"}))
