@@ -48,10 +48,6 @@ DEFAULT_BATCHES = (1, 16, 64)
 DEFAULT_PROMPT = 128
 DEFAULT_NEW_TOKENS = 64
 DEFAULT_REPEATS = 3
-# One layer against its dequantized weight (relative Frobenius error; the
-# activations as its kernels take them): fp16 outputs (2^-11) of K-long
-# sums, as the kernel tests allow.
-LAYER_CHECK_TOL = 2e-3
 CHECK_ROWS = 16
 
 
@@ -122,9 +118,9 @@ def check_layer(torch, v: Variant, mod, real, linear) -> Optional[str]:
         got = mod(x).float()
         want = reference_class()(real.to(torch.float16), v.act, torch.float32)(x.float())
     err = float((got - want).norm() / want.norm().clamp(min=1e-30))
-    if not (err <= LAYER_CHECK_TOL):
+    if not (err <= v.check_tol):
         return (f"layer check: {err:.3g} relative error against its dequantized weight "
-                f"(> {LAYER_CHECK_TOL:g})")
+                f"(> {v.check_tol:g})")
     return None
 
 

@@ -21,6 +21,7 @@ from typing import Optional, Tuple
 
 from ..codegen.resolve import as_spec
 from ..codegen.spec import A8_DTYPES
+from ..codegen.tolerance import tolerance
 from . import gemlite_peer
 
 PEER_GROUP = 128
@@ -35,6 +36,10 @@ class Variant:
     it), "int8" / "float8_e4m3" (quantized per row, as opgen.torch does)."""
     name = ""
     act: Optional[str] = None
+    # The layer check's bound (relative Frobenius error against its real
+    # weight): the peers' own arithmetic (tinygemm in bfloat16, gemlite's fp16
+    # decode) is theirs; a packing mistake is O(1).
+    check_tol = 1e-2
 
     def unavailable(self, device) -> Optional[str]:
         """Why this variant cannot run on `device` (a torch.device), or None."""
@@ -55,6 +60,7 @@ class Opgen(Variant):
         self.spec = as_spec(spec)
         self.name = f"opgen:{spec}"
         self.act = self.spec.a.dtype if self.spec.a.dtype in A8_DTYPES else None
+        self.check_tol = tolerance(self.spec)      # the kernel tests' bound
 
     def layer(self, linear):
         from ..torch import QuantLinear
