@@ -177,16 +177,19 @@ class Bench:
                 prompt, each=lambda t, lg: store[t].copy_(lg))
         row.agreement = float((tokens == ref_tokens).float().mean())
         row.rel_err = self._max_diff(mods, B, ref_tokens, store) / float(store.abs().max())
-        # The reference in fp32: its fp16 weights multiplied in fp32, the other
-        # parameters (embeddings, norms, lm_head) cast there and back, exactly
-        # (buffers such as the rotary frequencies stay as they are).
+        # The reference in fp32: its fp16 weights multiplied in fp32 (not TF32),
+        # the other parameters (embeddings, norms, lm_head) cast there and back,
+        # exactly (buffers such as the rotary frequencies stay as they are).
+        precision = torch.get_float32_matmul_precision()
         with swapped(self.model, {n: Reference(w, act, torch.float32) for n, w in reals.items()}):
             params = list(self.model.parameters())
             for p in params:
                 p.data = p.data.float()
+            torch.set_float32_matmul_precision("highest")
             try:
                 row.rel_err_fp32 = self._max_diff({}, B, ref_tokens, store, ref_scale=True)
             finally:
+                torch.set_float32_matmul_precision(precision)
                 for p in params:
                     p.data = p.data.half()
 
