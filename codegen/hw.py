@@ -149,9 +149,11 @@ class Calibration:
     # against the reference on this device: the heuristic picks no other
     # (the tuner times every one, and keeps only those it verified).
     rs_verified: FrozenSet[str]
-    # The GEMVs of 8-bit activations (staged as fp16 values) checked against
-    # the reference on this device: until then the heuristic picks none.
-    a8_gemv_verified: bool = False
+    # The kernels of 8-bit activations checked against the reference on this
+    # device, by kind: "gemv" (activations staged as fp16 values), "predecode"
+    # (sub-byte codes widened once into 8-bit ones). The heuristic picks no
+    # other (the tuner times every one, and keeps only those it verified).
+    a8_verified: FrozenSet[str] = frozenset()
 
 
 H200 = Calibration(

@@ -15,6 +15,7 @@ from ..codegen import planner
 from ..codegen.spec import Spec
 from ..codegen import compiler
 from ..codegen.kernel_args import ARGUMENTS, TMA_ARGUMENTS
+from ..codegen.lower import DTYPE_BYTES
 from . import pdl as pdl_launch, tma
 from .device import current_arch, current_device
 
@@ -89,6 +90,10 @@ class Kernel:
         self.arch = arch or current_arch()
         *first, (gspec, gcfg) = planner.stages(spec, config)
         self.dequant = Kernel(*first[0], self.arch, pdl) if first else None
+        # The dense weights' bytes per element, and whether the dense GEMM still
+        # applies the scales (8-bit codes keep their channel / tensor scale).
+        self._dense_bytes = DTYPE_BYTES[gspec.b.dtype] if first else 0
+        self._dense_scaled = bool(first) and gspec.b.scale is not None
         self.gemm_config = gcfg
         self.compiled = compiler.compile_kernel(gspec, gcfg, self.arch, pdl=pdl)
         self.module, self.fn = load_function(self.compiled)
@@ -124,9 +129,9 @@ class Kernel:
         grid, smem = self._launch_shape(M, N, K)
         stream = stream or cupy.cuda.get_current_stream()
         if self.dequant is not None:
-            dense = _scratch(N * K * 2, stream.ptr).data.ptr
+            dense = _scratch(N * K * self._dense_bytes, stream.ptr).data.ptr
             self.dequant.launch(dict(ptrs, out=dense), M, N, K, stream)
-            ptrs = dict(ptrs, b=dense, s=0, z=0)
+            ptrs = dict(ptrs, b=dense, s=ptrs["s"] if self._dense_scaled else 0, z=0)
         ws, cnt = (0, 0)
         if self.gemm_config.split_k > 1:
             w, c = self._workspace(M, N, grid, stream.ptr)

@@ -13,7 +13,7 @@ in hw.py.
 """
 from .config import K_ALIGN, N_ALIGN, Config, PlanError, check_shape
 from .execution import EXECUTION_SUFFIX, LAYOUTS, execution_spec
-from .dequant import DEQUANT, DEQUANT_KSPLIT, DEQUANT_THREADS, dense_twin, stages
+from .dequant import DEQUANT, DEQUANT_8BIT, DEQUANT_KSPLIT, DEQUANT_THREADS, dense_twin, dequant_config, stages
 from .heuristic import gemv_fill, heuristic, predecode_from
 from .launch import Axis, Family, GridRule, Launch, TmaBoxes
 from .registry import (FAMILIES, blocks, family_of, geometry, grid, grid_rule, kernel_numerics,
@@ -26,7 +26,7 @@ from .tma import TMA_BLOCK_REGS, TMA_CONSUMER_REGS, TMA_DECODE_REGS, TMA_PRODUCE
 __all__ = [
     "K_ALIGN", "N_ALIGN", "Config", "PlanError", "check_shape",
     "EXECUTION_SUFFIX", "LAYOUTS", "execution_spec",
-    "DEQUANT", "DEQUANT_KSPLIT", "DEQUANT_THREADS", "dense_twin", "stages",
+    "DEQUANT", "DEQUANT_8BIT", "DEQUANT_KSPLIT", "DEQUANT_THREADS", "dense_twin", "dequant_config", "stages",
     "gemv_fill", "heuristic", "predecode_from",
     "Axis", "Family", "GridRule", "Launch", "TmaBoxes",
     "FAMILIES", "blocks", "family_of", "geometry", "grid", "grid_rule", "kernel_numerics", "launch_smem",

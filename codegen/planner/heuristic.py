@@ -22,12 +22,13 @@ def rs_pickable(spec: Spec, arch: str) -> bool:
     return kernel_class(spec, arch) in hw.calibration(arch).rs_verified
 
 
-def a8_gemv_pickable(spec: Spec, cfg: Config, arch: str) -> bool:
-    """Whether the heuristic may pick cfg for its activations: a GEMV of
-    8-bit activations only once checked on the device
-    (hw.Calibration.a8_gemv_verified); until then the tuner's to time."""
-    return cfg.family != "gemv" or spec.a.dtype not in A8_DTYPES or \
-        hw.calibration(arch).a8_gemv_verified
+def a8_pickable(spec: Spec, cfg: Config, arch: str) -> bool:
+    """Whether the heuristic may pick cfg for its activations: a GEMV or a
+    predecode config of 8-bit activations only once that kind has been
+    checked on the device (hw.Calibration.a8_verified); until then the
+    tuner's to time."""
+    kind = "gemv" if cfg.family == "gemv" else "predecode" if cfg.predecode else None
+    return kind is None or spec.a.dtype not in A8_DTYPES or kind in hw.calibration(arch).a8_verified
 
 
 def predecode_from(spec: Spec, cands: List[Config], arch: str) -> int:
@@ -88,7 +89,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     sms = sms or hw.planned_device(arch).sms
     pick_rs = rs_pickable(spec, arch)
     cands = [c for c in candidates(spec, arch, M, N, K, sms)
-             if c not in exclude and (pick_rs or not c.rs) and a8_gemv_pickable(spec, c, arch)]
+             if c not in exclude and (pick_rs or not c.rs) and a8_pickable(spec, c, arch)]
     if not cands:
         raise PlanError(f"{spec.name}: no kernel configuration fits M={M} N={N} K={K} on {arch} "
                         f"once {len(exclude)} excluded ones are left out")

@@ -11,7 +11,7 @@ from ..lower import numerics, weight_layout
 from ..spec import A8_DTYPES, INT_OUT_DTYPES, Spec
 from . import dequant, gemm, gemv, rs, tma
 from .config import Config, PlanError
-from .dequant import DEQUANT, dense_twin
+from .dequant import dense_twin
 from .launch import Family, GridRule, Launch, staged_smem
 
 FAMILIES: Dict[str, Family] = {f.name: f for f in (gemm.FAMILY, tma.FAMILY, rs.FAMILY, gemv.FAMILY,
@@ -46,10 +46,12 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
         # Sub-byte codes with 8-bit activations: the cp.async GEMM widens them
         # to int8 / e4m3 in registers (gemm.cu.j2), on the 8-bit MMA; without
         # an e4m3 MMA (sm_80) both operands are widened to fp16 (a_decode).
-        # The GEMVs take the activations as fp16 values (kernel_numerics).
-        if family_of(cfg) not in (FAMILIES["gemm"], FAMILIES["gemv"]) or cfg.predecode:
-            raise PlanError("8-bit activations with sub-byte weights run on the cp.async GEMM "
-                            "or the GEMVs only")
+        # The GEMVs take the activations as fp16 values (kernel_numerics);
+        # predecode widens the codes once, for the dense 8-bit GEMMs.
+        if not cfg.predecode and family_of(cfg) not in (FAMILIES["gemm"], FAMILIES["gemv"],
+                                                        FAMILIES["dequant"]):
+            raise PlanError("8-bit activations with sub-byte weights run on the cp.async GEMM, "
+                            "the GEMVs or predecode")
     if spec.out.dtype in INT_OUT_DTYPES and (family_of(cfg) is not FAMILIES["gemm"] or cfg.predecode):
         raise PlanError(f"only the cp.async GEMM writes an {spec.out.dtype} output (the raw "
                         f"accumulator)")
@@ -65,7 +67,7 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     if cfg.family == "gemm" and cfg.predecode:
         if num.dense:
             raise PlanError("predecode is for weights that need decoding")
-        dequant.geometry(spec, DEQUANT, a, num, lay)       # the first stage must fit too
+        dequant.geometry(spec, dequant.dequant_config(spec), a, num, lay)   # the first stage must fit too
         dense = geometry(dense_twin(spec), dataclasses.replace(cfg, predecode=False), arch)
         return dict(dense, predecode=True)
     return family_of(cfg).geometry(spec, cfg, a, num, lay)

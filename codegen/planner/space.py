@@ -60,8 +60,9 @@ def all_configs() -> List[Config]:
                 out.append(Config("gemm", BM, BN, BK, WM, WN, stages, 1, predecode=True))
     for (BM, BN, WN) in WGMMA_TILES:
         if BM == 128:
-            for stages in STAGES:
-                out.append(Config("gemm", BM, BN, 64, 64, WN, stages, 1, wgmma=True, predecode=True))
+            for BK in (64, 128):        # (128: 8-bit dense codes, predecode of 8-bit activations)
+                for stages in STAGES:
+                    out.append(Config("gemm", BM, BN, BK, 64, WN, stages, 1, wgmma=True, predecode=True))
     for (BM, BN, WN) in WGMMA_TILES:
         for BK in (64, 128):
             for stages in TMA_STAGES:
@@ -69,7 +70,7 @@ def all_configs() -> List[Config]:
                     for ra in TMA_RASTERS:
                         out.append(Config("gemm", BM, BN, BK, 64, WN, stages, 1, wgmma=True, tma=True,
                                           cluster=cl, raster=ra))
-                        if BM == 128 and BK == 64 and stages <= 4:
+                        if BM == 128 and stages <= 4:
                             out.append(Config("gemm", BM, BN, BK, 64, WN, stages, 1, wgmma=True,
                                               tma=True, cluster=cl, raster=ra, predecode=True))
                 # Split-K for decoded weights (geometry refuses dense ones); at

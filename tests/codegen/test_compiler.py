@@ -240,6 +240,19 @@ def test_a8_gemvs(name, arch):
     assert {tc for tc, _, _ in seen} == {False, True}
 
 
+@pytest.mark.parametrize("name", ["w4a8_int8", "bitnet_b158_a8"])
+def test_a8_predecode(name):
+    """Sub-byte codes predecoded for 8-bit activations: the 8-bit dequant
+    stage (cp.async in, q - z as bytes out) and the dense 8-bit GEMMs it
+    feeds (TMA and cp.async wgmma: IGMMA) compile with no spills or local
+    memory."""
+    s = planner.execution_spec(spec(name), "sm_90")
+    pd = [c for c in planner.candidates(s, "sm_90", 4096, 8192, 8192) if c.predecode]
+    for cfg in [next(c for c in pd if c.tma), next(c for c in pd if not c.tma)]:
+        for st_spec, st_cfg in planner.stages(s, cfg):
+            _check_sm90_kernel(st_spec, st_cfg)
+
+
 @pytest.mark.parametrize("name", ["bnb_nf4", "mxfp4"])
 def test_pair_table_gemv_sass(name):
     """The 4-bit codebook GEMVs look each byte of codes up in the 32-copy

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from opgen.codegen import planner
+from opgen.codegen import hw, planner
 from opgen.codegen.lower import numerics
 from opgen.codegen.resolve import load_spec, shipped_specs
 
@@ -24,7 +24,9 @@ def test_predecode_stages(name):
     decoded = not numerics(s).dense and s.a.dtype in ("float16", "bfloat16")
     assert not any(c.predecode for c in planner.candidates(s, "sm_90", 255, 4096, 4096))
     pd = [c for c in planner.candidates(s, "sm_90", 256, 4096, 4096) if c.predecode]
-    assert bool(pd) == decoded
+    # (test_8_bit_codes below; an int32 output is the cp.async GEMM's alone)
+    widened = numerics(s).widen and numerics(s).scale_gran != "group" and s.out.dtype != "int32"
+    assert bool(pd) == (decoded or widened)
     pick = planner.heuristic(s, "sm_90", 4096, 4096, 4096)
     assert pick.predecode == decoded
     if not decoded:
@@ -39,3 +41,28 @@ def test_predecode_stages(name):
     start = planner.predecode_from(s, planner.candidates(s, "sm_90", 1024, 4096, 4096), "sm_90")
     assert planner.heuristic(s, "sm_90", start, 4096, 4096).predecode
     assert not planner.heuristic(s, "sm_90", start - 1, 4096, 4096).predecode
+
+
+def test_8_bit_codes_predecoded_for_8_bit_activations(monkeypatch):
+    """Sub-byte codes with 8-bit activations and a channel or tensor scale:
+    the dequant stage (128-deep tiles: 128-byte rows of codes) writes their
+    q - z as 8-bit codes, and the dense twin (8-bit weights keeping the scale)
+    runs on the 8-bit GEMMs (TMA too); group scales are refused (they apply
+    to partial sums). The heuristic picks none until "predecode" is in
+    hw.Calibration.a8_verified."""
+    for name, gran in (("w4a8_int8", "channel"), ("bitnet_b158_a8", "tensor")):
+        s = planner.execution_spec(spec(name), "sm_90")
+        pd = [c for c in planner.candidates(s, "sm_90", 4096, 8192, 8192) if c.predecode]
+        assert pd and any(c.tma for c in pd) and all(c.BK == 128 for c in pd)
+        (q, dq), (twin, gemm) = planner.stages(s, pd[0])
+        assert dq == planner.DEQUANT_8BIT == planner.dequant_config(s)
+        assert planner.geometry(s, dq, "sm_90")["ce"] == 1
+        assert twin.b.dtype == "int8" and twin.b.scale == s.b.scale and twin.b.scale.granularity == gran
+        assert twin.b.zero.kind == "none" and numerics(twin).dense and twin.name.endswith(gran)
+        assert not planner.heuristic(s, "sm_90", 4096, 8192, 8192).predecode
+        monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, a8_verified=frozenset({"predecode"})))
+        assert planner.heuristic(s, "sm_90", 4096, 8192, 8192).predecode
+        monkeypatch.undo()
+    g128 = planner.execution_spec(spec("w4a8_int8_g128"), "sm_90")
+    with pytest.raises(planner.PlanError, match="channel or tensor scales"):
+        planner.geometry(g128, planner.DEQUANT_8BIT, "sm_90")

@@ -93,10 +93,10 @@ def test_excluded_configs_are_never_picked():
 def test_8_bit_activation_gemvs_wait_for_the_device(monkeypatch):
     """The GEMVs of 8-bit activations are candidates (the tuner times and
     verifies them) but the heuristic picks one only once they have been
-    checked on the device (hw.Calibration.a8_gemv_verified)."""
+    checked on the device (hw.Calibration.a8_verified)."""
     s = planner.execution_spec(load_spec(shipped_specs()["w4a8_int8_g128"]), "sm_90")
     assert any(c.family == "gemv" for c in planner.candidates(s, "sm_90", 1, 8192, 8192))
     assert planner.heuristic(s, "sm_90", 1, 8192, 8192).family == "gemm"
-    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, a8_gemv_verified=True))
+    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, a8_verified=frozenset({"gemv"})))
     assert planner.heuristic(s, "sm_90", 1, 8192, 8192).family == "gemv"
     assert planner.heuristic(s, "sm_90", 16, 8192, 8192).tc
