@@ -13,7 +13,8 @@ in hw.py.
 """
 from .config import K_ALIGN, N_ALIGN, Config, PlanError, check_shape
 from .execution import EXECUTION_SUFFIX, LAYOUTS, execution_spec
-from .dequant import DEQUANT, DEQUANT_8BIT, DEQUANT_KSPLIT, DEQUANT_THREADS, dense_twin, dequant_config, stages
+from .dequant import (DEQUANT, DEQUANT_8BIT, DEQUANT_KSPLIT, DEQUANT_THREADS, dense_twin,
+                      dequant_config, stages)
 from .heuristic import gemv_fill, heuristic, predecode_from
 from .launch import Axis, Family, GridRule, Launch, TmaBoxes
 from .registry import (FAMILIES, blocks, family_of, geometry, grid, grid_rule, kernel_numerics,

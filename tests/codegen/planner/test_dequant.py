@@ -60,7 +60,8 @@ def test_8_bit_codes_predecoded_for_8_bit_activations(monkeypatch):
         assert twin.b.dtype == "int8" and twin.b.scale == s.b.scale and twin.b.scale.granularity == gran
         assert twin.b.zero.kind == "none" and numerics(twin).dense and twin.name.endswith(gran)
         assert not planner.heuristic(s, "sm_90", 4096, 8192, 8192).predecode
-        monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, a8_verified=frozenset({"predecode"})))
+        verified = dataclasses.replace(hw.H200, a8_verified=frozenset({"predecode"}))
+        monkeypatch.setitem(hw.CALIBRATION, "H200", verified)
         assert planner.heuristic(s, "sm_90", 4096, 8192, 8192).predecode
         monkeypatch.undo()
     g128 = planner.execution_spec(spec("w4a8_int8_g128"), "sm_90")
