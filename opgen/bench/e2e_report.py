@@ -99,6 +99,21 @@ def results_table(rows: Sequence[dict]) -> str:
                    "logits rel err", "fp16 vs fp32", "token agreement", "error"], body)
 
 
+def speed_table(rows: Sequence[dict]) -> str:
+    """Tokens/s (and x fp16) by variant and batch: the README's table."""
+    batches = sorted({r["batch"] for r in rows})
+    by = {(r["variant"], r["batch"]): r for r in rows}
+
+    def cell(r):
+        if r is None or r.get("tokens_per_s") is None:
+            return "—" if r is None or not r.get("error") else "err"
+        return f"{r['tokens_per_s']:.0f} ({r['speedup']:.2f}x)" if r.get("speedup") else \
+            f"{r['tokens_per_s']:.0f}"
+    body = [[v] + [cell(by.get((v, b))) for b in batches]
+            for v in dict.fromkeys(r["variant"] for r in rows)]
+    return _table(["variant"] + [f"batch {b}: tokens/s (x fp16)" for b in batches], body)
+
+
 def targets_table(targets: Sequence[dict]) -> str:
     n = {s: sum(t["status"] == s for t in targets) for s in ("met", "missed")}
     body = [[t["target"], _f(t["measured"], ".2f"), t["need"], t["status"]] for t in targets]
@@ -137,7 +152,7 @@ def markdown(results: dict) -> str:
              "dequantized weights in fp16 (the kernels' error alone); fp16 vs fp32: that "
              "reference's own difference from itself computed in fp32; token agreement: the "
              "variant's greedy tokens equal to the reference's, position by position.", "",
-             "## Results", "", results_table(results["rows"]), "",
+             "## Results", "", speed_table(results["rows"]), "", results_table(results["rows"]), "",
              *(load_lines(results["load"]) if "load" in results else []),
              "## Targets", "", targets_table(results.get("targets", [])), ""]
     return "\n".join(lines)

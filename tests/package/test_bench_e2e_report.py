@@ -84,3 +84,11 @@ def test_the_load_target_and_paragraph():
     md = rep.markdown(dict(results(), load=load))
     assert "5.70 GB" in md and "ready 12.5 s" in md and "224 layers on opgen" in md
     assert "Failed: boom" in rep.markdown(dict(results(), load={"error": "boom"}))
+
+
+def test_speed_table_by_variant_and_batch():
+    t = rep.speed_table(rows()).splitlines()
+    assert t[0] == ("| variant | batch 1: tokens/s (x fp16) | batch 16: tokens/s (x fp16) "
+                    "| batch 64: tokens/s (x fp16) |")
+    assert t[3].startswith("| opgen:w4a16_sym_g128 | 333 (3.00x) | 4800 (3.00x) |")
+    assert t[-1] == "| gemlite_w4 | err | err | err |"
