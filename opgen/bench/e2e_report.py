@@ -106,7 +106,8 @@ def speed_table(rows: Sequence[dict]) -> str:
 
     def cell(r):
         if r is None or r.get("tokens_per_s") is None:
-            return "—" if r is None or not r.get("error") else "err"
+            err = (r or {}).get("error") or ""
+            return "skipped" if err.startswith("skipped:") else "err" if err else "—"
         return f"{r['tokens_per_s']:.0f} ({r['speedup']:.2f}x)" if r.get("speedup") else \
             f"{r['tokens_per_s']:.0f}"
     body = [[v] + [cell(by.get((v, b))) for b in batches]

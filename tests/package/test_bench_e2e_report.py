@@ -91,4 +91,6 @@ def test_speed_table_by_variant_and_batch():
     assert t[0] == ("| variant | batch 1: tokens/s (x fp16) | batch 16: tokens/s (x fp16) "
                     "| batch 64: tokens/s (x fp16) |")
     assert t[3].startswith("| opgen:w4a16_sym_g128 | 333 (3.00x) | 4800 (3.00x) |")
-    assert t[-1] == "| gemlite_w4 | err | err | err |"
+    assert t[-1] == "| gemlite_w4 | skipped | skipped | skipped |"
+    broken = [dict(r, error="boom", tokens_per_s=None) if r["variant"] == W4 else r for r in rows()]
+    assert "| opgen:w4a16_sym_g128 | err | err | err |" in rep.speed_table(broken)
