@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .report import markdown_table
+
 W4A16 = "opgen:w4a16_sym_g128"
 PEER_VARIANTS = ("torch_int4", "gemlite_w4")
 
@@ -85,17 +87,12 @@ def _f(x, fmt: str) -> str:
     return "—" if x is None else format(x, fmt)
 
 
-def _table(headers: List[str], body: List[List[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(map(str, r)) + " |" for r in body])
-
-
 def results_table(rows: Sequence[dict]) -> str:
     body = [[r["variant"], r["batch"], _f(r.get("ms_per_step"), ".3f"), _f(r.get("tokens_per_s"), ".0f"),
              _f(r.get("speedup"), ".2f"), _f(r.get("prefill_ms"), ".1f"), _f(r.get("rel_err"), ".2e"),
              _f(r.get("rel_err_fp32"), ".2e"), _f(r.get("agreement"), ".3f"), r.get("error") or ""]
             for r in rows]
-    return _table(["variant", "batch", "ms / step", "tokens/s", "vs fp16", "prefill ms",
+    return markdown_table(["variant", "batch", "ms / step", "tokens/s", "vs fp16", "prefill ms",
                    "logits rel err", "fp16 vs fp32", "token agreement", "error"], body)
 
 
@@ -112,14 +109,14 @@ def speed_table(rows: Sequence[dict]) -> str:
             f"{r['tokens_per_s']:.0f}"
     body = [[v] + [cell(by.get((v, b))) for b in batches]
             for v in dict.fromkeys(r["variant"] for r in rows)]
-    return _table(["variant"] + [f"batch {b}: tokens/s (x fp16)" for b in batches], body)
+    return markdown_table(["variant"] + [f"batch {b}: tokens/s (x fp16)" for b in batches], body)
 
 
 def targets_table(targets: Sequence[dict]) -> str:
     n = {s: sum(t["status"] == s for t in targets) for s in ("met", "missed")}
     body = [[t["target"], _f(t["measured"], ".2f"), t["need"], t["status"]] for t in targets]
     return (f"{n['met']} met, {n['missed']} missed, {len(targets) - n['met'] - n['missed']} not "
-            f"measured.\n\n" + _table(["target", "measured", "need", "status"], body))
+            f"measured.\n\n" + markdown_table(["target", "measured", "need", "status"], body))
 
 
 def load_lines(load: dict) -> List[str]:

@@ -32,7 +32,8 @@ def _verdict(verified) -> str:
     return {True: "ok", False: "WRONG", None: "—"}[verified]
 
 
-def _table(headers: List[str], rows: List[List[str]], align: Optional[str] = None) -> str:
+def markdown_table(headers: List[str], rows: List[List[str]], align: Optional[str] = None) -> str:
+    """A Markdown table (align: "l" / "r" per column; `|` in cells escaped)."""
     align = align or "l" * len(headers)
     sep = ["---:" if a == "r" else "---" for a in align]
     lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(sep) + " |"]
@@ -65,7 +66,7 @@ def results_table(rows: Sequence[dict]) -> str:
                      _fmt_x(r.get("speedup_vs_peer")) if peer and peer != BASELINE else "—",
                      _fmt_us(r.get("floor_us")) + bound, _fmt_pct(r.get("pct_of_floor")),
                      _fmt_us(r.get("read_us")), check])
-    return _table(headers, body, "lllrllrrlrrrrrl")
+    return markdown_table(headers, body, "lllrllrrlrrrrrl")
 
 
 def peers_table(peer_rows: Sequence[dict], peers: Sequence[str] = PEERS) -> str:
@@ -78,7 +79,7 @@ def peers_table(peer_rows: Sequence[dict], peers: Sequence[str] = PEERS) -> str:
             cells.append(_fmt_us(us) if us is not None else
                          ("err" if (r.get("errors") or {}).get(p) else "—"))
         body.append([f"{r['N']}x{r['K']}", r["M"], *cells])
-    return _table(headers, body, "lr" + "r" * len(peers))
+    return markdown_table(headers, body, "lr" + "r" * len(peers))
 
 
 def _us_or_err(us, err) -> str:
@@ -111,7 +112,7 @@ def graph_table(rows: Sequence[dict]) -> str:
                      _us_or_err(r.get(f"{peer}_graph_us"), gerr.get(peer)) if peer else "—",
                      _verdict(r.get("graph_verified")),
                      _verdict(r.get("graph_pdl_verified")) if ran_pdl else "—"])
-    return _table(["spec", "N x K", "M", "layers", "graph µs/layer", "PDL µs/layer", "PDL / graph",
+    return markdown_table(["spec", "N x K", "M", "layers", "graph µs/layer", "PDL µs/layer", "PDL / graph",
                    "isolated µs", "graph / isolated", "byte floor µs", "x byte floor",
                    "cuBLAS fp16 graph µs", "peer", "peer graph µs", "check", "PDL check"], body,
                   "llrrrrrrrrrrlrll")
@@ -134,7 +135,7 @@ def peers_graph_table(peer_rows: Sequence[dict], peers: Sequence[str] = PEERS) -
         layers = "—" if not Ls else str(min(Ls)) if min(Ls) == max(Ls) else f"{min(Ls)}-{max(Ls)}"
         body.append([f"{r['N']}x{r['K']}", r["M"], layers, *cells])
     headers = ["N x K", "M", "layers"] + [PEER_LABELS[p] + " µs graph / isolated" for p in peers]
-    return _table(headers, body, "lrr" + "r" * len(peers))
+    return markdown_table(headers, body, "lrr" + "r" * len(peers))
 
 
 def _first_errors(rows: Sequence[dict], key: str) -> List[str]:
@@ -161,7 +162,7 @@ def linear_table(rows: Sequence[dict]) -> str:
                      _fmt_us(lu) if lu is not None else "err", _fmt_us(r.get("opgen_us")),
                      _fmt_us(r.get("bminf_w8a8_us")), _fmt_x(r.get("linear_speedup_vs_bminf")),
                      check])
-    return _table(["spec", "N x K", "M", "opgen linear µs", "opgen GEMM µs", "BMINF W8A8 µs",
+    return markdown_table(["spec", "N x K", "M", "opgen linear µs", "opgen GEMM µs", "BMINF W8A8 µs",
                    "vs BMINF", "check"], body, "llrrrrrl")
 
 
@@ -174,7 +175,7 @@ def prepare_table(rows: Sequence[dict]) -> str:
             seen.setdefault((r["spec"], r["N"], r["K"]), r)
     body = [[spec, f"{N}x{K}", r["layout"], _fmt_us(r.get("prepare_ms"))]
             for (spec, N, K), r in seen.items()]
-    return _table(["spec", "N x K", "runs as", "prepare ms"], body, "lllr") if body else ""
+    return markdown_table(["spec", "N x K", "runs as", "prepare ms"], body, "lllr") if body else ""
 
 
 def targets_section(targets: Sequence[dict]) -> str:
@@ -212,7 +213,7 @@ def _graph_targets(targets: Sequence[dict]) -> str:
              _fmt_us(t.get("opgen_us")), _fmt_us(t.get("bytes_floor_us")),
              _fmt_us(t.get("needed_us")), _status(t)]
             for t in targets]
-    return head + _counts(targets) + "\n\n" + _table(
+    return head + _counts(targets) + "\n\n" + markdown_table(
         ["target", "spec", "N x K", "M", "layers", "measured", "need", "graph µs/layer",
          "launch", "isolated µs", "byte floor µs", "needed µs", "status"], body,
         "lllrrrrrlrrrl")
@@ -231,7 +232,7 @@ def _isolated_targets(targets: Sequence[dict]) -> str:
             "plain streaming read of the row's bytes, timed the same way (memory-bound rows, "
             "M <= 16). Where needed < read-only, the target asks for less time than reading "
             "the weights takes.")
-    return head + _table(["target", "spec", "M", "measured", "need", "opgen µs", "needed µs",
+    return head + markdown_table(["target", "spec", "M", "measured", "need", "opgen µs", "needed µs",
                           "read-only µs", "status"], body, "llrrrrrrl") + note
 
 
