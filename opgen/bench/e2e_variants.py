@@ -11,20 +11,26 @@ the reference of the variant's kernel error).
     gemlite_w4    gemlite's A16W4 (HQQ form (q - z) * s): 4-bit asymmetric,
                   group 128; a Triton peer, used when the package is installed
 
-The two peers are quantized here, in torch, with the same round-to-nearest
-asymmetric rule (`rtn_asym`), so each variant's dequantized weight is known
-exactly."""
+The two peers take the codes of opgen's own round-to-nearest quantizer in
+PEER_SPEC's form (`peer_codes`), so each variant's dequantized weight is
+known exactly."""
 from __future__ import annotations
 
 import functools
 from typing import Optional, Tuple
 
+import numpy as np
+
+from ..codegen import reference as R
 from ..codegen.resolve import as_spec
 from ..codegen.spec import A8_DTYPES
+from ..codegen.storage import decode_storage
 from ..codegen.tolerance import tolerance
 from . import gemlite_peer
 
-PEER_GROUP = 128
+# The peers' codes: opgen's quantizer into this shipped 4-bit asymmetric
+# group-128 spec (so they take the codes opgen's AWQ variant runs).
+PEER_SPEC = "awq_w4a16_g128"
 DEFAULT_VARIANTS = ("fp16", "opgen:w4a16_sym_g128", "opgen:awq_w4a16_g128", "opgen:bnb_nf4",
                     "opgen:mxfp4", "opgen:w8a8_int8", "torch_int4", "gemlite_w4")
 PEERS = ("torch_int4", "gemlite_w4")
@@ -68,17 +74,19 @@ class Opgen(Variant):
         return q, q.dequantized()
 
 
-def rtn_asym(weight, bits: int = 4, group: int = PEER_GROUP):
-    """Round-to-nearest asymmetric quantization per group along K of
-    weight [N, K]: codes q in [0, 2^bits - 1] (uint8 [N, K]), scale s and
-    minimum lo (float32 [N, K / group]), weight ~ q * s + lo."""
-    import torch
+def peer_codes(weight):
+    """weight [N, K] quantized by opgen's own round-to-nearest quantizer into
+    PEER_SPEC (4-bit asymmetric, group 128; the codes opgen's AWQ variant
+    runs), where it lies: codes q (uint8 [N, K]), scales s and integer zero
+    points z (float32 [N, K / 128]), weight ~ (q - z) * s."""
+    from ..torch import quantized, to_array, to_torch
+    spec = as_spec(PEER_SPEC)
     N, K = weight.shape
-    g = weight.detach().float().reshape(N, K // group, group)
-    lo, hi = g.amin(-1), g.amax(-1)
-    s = ((hi - lo) / (2 ** bits - 1)).clamp(min=torch.finfo(torch.float16).tiny)
-    q = torch.round((g - lo[..., None]) / s[..., None]).clamp(0, 2 ** bits - 1)
-    return q.reshape(N, K).to(torch.uint8), s, lo
+    t = {k: to_array(v) for k, v in quantized(spec, weight).items()}
+    q = decode_storage(spec, t["qweight"]).astype(np.uint8)
+    s, z = R.scale_logical(spec.b, t, N, K), R.zero_logical(spec.b, t, N, K)
+    dev = weight.device
+    return to_torch(q, dev), to_torch(s, dev).contiguous(), to_torch(z, dev).contiguous()
 
 
 def _per_element(x, K: int):
@@ -100,13 +108,13 @@ class TorchInt4(Variant):
 
     def layer(self, linear):
         import torch
-        q, s, lo = rtn_asym(linear.weight)
+        q, s, z = peer_codes(linear.weight)
         s16 = s.to(torch.bfloat16)
-        z16 = (lo + 8 * s).to(torch.bfloat16)
+        z16 = ((8 - z) * s).to(torch.bfloat16)          # (q - z) s = (q - 8) s + (8 - z) s
         packed = (q[:, ::2] << 4 | q[:, 1::2]).contiguous()     # two codes a byte, even k high
         mod = _tinygemm_class()(torch._convert_weight_to_int4pack(packed, 8),
-                        torch.stack([s16, z16], -1).transpose(0, 1).contiguous(),
-                        linear.out_features, linear.in_features)
+                                torch.stack([s16, z16], -1).transpose(0, 1).contiguous(),
+                                linear.out_features, linear.in_features)
         K = linear.in_features
         real = (q.float() - 8) * _per_element(s16.float(), K) + _per_element(z16.float(), K)
         return mod, real
@@ -128,9 +136,9 @@ class GemliteW4(Variant):
 
     def layer(self, linear):
         import torch
-        q, s, lo = rtn_asym(linear.weight)
+        q, s, z = peer_codes(linear.weight)
         s16 = s.to(torch.float16)
-        z16 = (-lo / s).to(torch.float16)
+        z16 = z.to(torch.float16)                        # integers 0..15: exact
         mod = gemlite_peer.w4_layer(q, s16, z16)
         K = linear.in_features
         shift = (-z16.float() * s16.float()).to(torch.float16).float()
@@ -149,12 +157,12 @@ def _tinygemm_class():
         def __init__(self, packed, scales_and_zeros, N: int, K: int):
             super().__init__()
             self.register_buffer("packed", packed)
-            self.register_buffer("scales_and_zeros", scales_and_zeros)
-            self.N, self.K = N, K
+            self.register_buffer("scales_and_zeros", scales_and_zeros)     # [K / group, N, 2]
+            self.N, self.K, self.group = N, K, K // scales_and_zeros.shape[0]
 
         def forward(self, x):
             a = x.reshape(-1, self.K).to(torch.bfloat16)
-            out = torch._weight_int4pack_mm(a, self.packed, PEER_GROUP, self.scales_and_zeros)
+            out = torch._weight_int4pack_mm(a, self.packed, self.group, self.scales_and_zeros)
             return out.to(x.dtype).reshape(*x.shape[:-1], self.N)
     return Tinygemm
 

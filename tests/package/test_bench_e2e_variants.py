@@ -11,7 +11,8 @@ from torch import nn  # noqa: E402
 from opgen.bench import e2e_variants as ev  # noqa: E402
 from opgen.bench.e2e import check_layer  # noqa: E402
 from opgen.codegen import reference as R  # noqa: E402
-from opgen.torch import quantize_activation, to_numpy  # noqa: E402
+from opgen.codegen.resolve import as_spec  # noqa: E402
+from opgen.torch import quantize_activation, quantized, to_numpy  # noqa: E402
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA build of torch")
 
@@ -64,13 +65,17 @@ def test_check_layer_refuses_a_wrong_layer():
     assert "layer check" in check_layer(torch, v, Off(), real, lin)
 
 
-def test_rtn_asym_codes_and_error_bound():
+def test_peer_codes_are_opgens_quantizer():
+    """The peers take opgen's own codes in PEER_SPEC's form: 4-bit codes,
+    group-128 scales and integer zero points whose (q - z) * s is the
+    reference dequantization of what opgen's quantizer stores."""
     w = torch.randn(32, 512, generator=torch.Generator().manual_seed(3))
-    q, s, lo = ev.rtn_asym(w)
+    q, s, z = ev.peer_codes(w)
     assert q.dtype == torch.uint8 and int(q.max()) <= 15 and q.shape == (32, 512)
-    assert s.shape == lo.shape == (32, 4)
-    back = q.float() * s.repeat_interleave(128, 1) + lo.repeat_interleave(128, 1)
-    assert float(((back - w).abs() - s.repeat_interleave(128, 1) / 2).max()) <= 1e-5
+    assert s.shape == z.shape == (32, 4) and torch.equal(z, z.round()) and int(z.max()) <= 15
+    real = (q.float() - z.repeat_interleave(128, 1)) * s.repeat_interleave(128, 1)
+    t = {k: to_numpy(v) for k, v in quantized(ev.PEER_SPEC, w).items()}
+    assert np.array_equal(real.numpy(), R.dequantize(as_spec(ev.PEER_SPEC), t, 32, 512))
 
 
 def test_fake_quant_is_what_the_kernels_take():
