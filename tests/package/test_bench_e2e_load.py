@@ -14,9 +14,8 @@ from safetensors.torch import load_file  # noqa: E402
 from opgen.bench import e2e_load  # noqa: E402
 from opgen.bench.e2e_model import build_model, linear_names  # noqa: E402
 from opgen.torch import quantized  # noqa: E402
+from tiny_llama import TINY  # noqa: E402
 
-TINY = dict(model_type="llama", hidden_size=256, intermediate_size=512, num_attention_heads=4,
-            num_key_value_heads=2, num_hidden_layers=2, vocab_size=512, max_position_embeddings=256)
 
 
 def test_the_checkpoint_holds_gptq_v2_tensors(tmp_path, monkeypatch):

@@ -15,9 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from opgen.bench import e2e_model as em  # noqa: E402
 from opgen.codegen.errors import UserError  # noqa: E402
 from opgen.model_shapes import linear_shapes  # noqa: E402
+from tiny_llama import TINY  # noqa: E402
 
-TINY = dict(model_type="llama", hidden_size=256, intermediate_size=512, num_attention_heads=4,
-            num_key_value_heads=2, num_hidden_layers=2, vocab_size=512, max_position_embeddings=256)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA build of torch")
 
 
