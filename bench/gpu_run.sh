@@ -15,6 +15,9 @@
 #                                                  every shipped spec. MS=16,64 narrows the Ms.
 #                                                  The shipped DB is that file:
 #                                                  cp $OUT/nvidia_h200.json opgen/data/tuning/nvidia_h200.json
+#   bash bench/gpu_run.sh models [MODEL...]         opgen tune --model of each shipped model given (default:
+#                                                  all six, Llama-3-8B first) for SPECS (default the
+#                                                  W4A16, NF4, MXFP4 and W8A8 specs) into the same DB
 #   bash bench/gpu_run.sh bench [BENCH_ARGS...]    opgen bench (all five shapes) into $OUT, with
 #                                                  $OUT/nvidia_h200.json when there is one, else the
 #                                                  shipped DB -> bench.json, bench.md, *.png
@@ -44,7 +47,7 @@
 # T_TUNE 280 to stay under a device call's 600 s; T_E2E (540). BUDGET_MS: device time per
 # measurement of tune (5) and sweep (2).
 set -u
-cmd=${1:?usage: bash bench/gpu_run.sh verify|tune|bench|ship|sweep|ncu|probe|memcheck|e2e [ARGS...]}; shift
+cmd=${1:?usage: bash bench/gpu_run.sh verify|tune|models|bench|ship|sweep|ncu|probe|memcheck|e2e [ARGS...]}; shift
 OUT=${OUT:-/tmp/opgen_out}; mkdir -p "$OUT"
 export OPGEN_CACHE_DIR=${OPGEN_CACHE_DIR:-/tmp/opgen_cache} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 DB="$OUT/nvidia_h200.json"
@@ -141,6 +144,24 @@ print(','.join(f'{n}x{k}' for n, k in S), ','.join(map(str, M)))")
   return $rc
 }
 
+# The linear shapes of shipped models (opgen/data/models), one model after the
+# other in the order given, for the formats users serve them in.
+models() {
+  local m left rc=0 end=$(( $(date +%s) + ${T_TUNE:-300} ))
+  local specs=${SPECS:-w4a16_sym_g128,bnb_nf4,mxfp4,w8a8_int8}
+  [ $# -gt 0 ] || set -- llama-3-8b qwen2.5-7b llama-3-70b qwen2.5-72b mistral-7b gpt-oss-20b
+  [ -f "$DB" ] || [ -n "${FRESH:-}" ] || cp opgen/data/tuning/nvidia_h200.json "$DB"
+  for m in "$@"; do
+    left=$(( end - $(date +%s) ))
+    [ "$left" -gt 5 ] || { echo "T_TUNE spent before $m" | tee -a "$OUT/tune.txt"; rc=124; break; }
+    timeout -s INT -k 20 "$left" python3 -m opgen tune ${specs//,/ } --model "$m" ${MS:+--M "$MS"} \
+      --budget-ms "${BUDGET_MS:-5}" --db "$DB" --quiet >> "$OUT/tune.txt" 2>&1 || rc=$?
+  done
+  rm -f "$DB.lock"
+  grep -E "^compiled|^stored .* pair|^total|NOT tuned|T_TUNE|heuristic" "$OUT/tune.txt" | tail -12
+  return $rc
+}
+
 bench() {
   local db=() specs=()
   [ -f "$DB" ] && db=(--db "$DB")
@@ -214,6 +235,7 @@ ncu_one() {
 case "$cmd" in
   verify) verify "$@" ;;
   tune) tune "$@" ;;
+  models) models "$@" ;;
   bench) bench "$@" ;;
   ship) T_TEST=${T_TEST:-120} T_TUNE=${T_TUNE:-280}; verify; tune; bench ;;
   sweep) sweep "$@" ;;
@@ -222,5 +244,5 @@ case "$cmd" in
   e2e) e2e "$@" ;;
   probe) timeout "${T_PROBE:-120}" python3 bench/wgmma_probe.py --out "$OUT/wgmma_probe.json" \
            > "$OUT/wgmma_probe.txt" 2>&1; tail -40 "$OUT/wgmma_probe.txt" ;;
-  *) echo "unknown command $cmd: verify|tune|bench|ship|sweep|ncu|probe|memcheck|e2e" >&2; exit 2 ;;
+  *) echo "unknown command $cmd: verify|tune|models|bench|ship|sweep|ncu|probe|memcheck|e2e" >&2; exit 2 ;;
 esac
