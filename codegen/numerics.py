@@ -204,30 +204,32 @@ def fp8_e5m2_to_f32(bits) -> np.ndarray:
 
 
 def e8m0_to_f32(e) -> np.ndarray:
-    """OCP MX scale: code e -> 2**(e - 127) (float32; 2**-127 is a float32
-    subnormal, still exact), 255 -> NaN."""
+    """OCP MX scale: code e -> 2**(e - 127) (float32), 255 -> NaN.
+
+    Built from the bits: code 0 is 2**-127, a float32 subnormal, and CuPy's
+    kernels flush subnormal results to zero (they compile with -ftz=true)."""
     xp = array_module(e)
-    e = xp.asarray(e).astype(np.int64)
-    with np.errstate(over="ignore"):             # (code 255: 2^128, replaced below)
-        val = xp.ldexp(xp.ones(e.shape, np.float64), e - 127).astype(np.float32)
-    # The NaN as a float32 (a float64 NaN narrowed on a GPU is 0x7FFFFFFF, numpy's 0x7FC00000)
-    return xp.where(e == 255, np.float32(np.nan), val)
+    e = xp.asarray(e).astype(np.uint32)
+    bits = xp.where(e == 0, np.uint32(1 << 22), e << np.uint32(23))
+    return xp.where(e == 255, np.uint32(0x7FC00000), bits).astype(np.uint32).view(np.float32)
 
 
 def f32_to_e8m0_ceil(x) -> np.ndarray:
-    """The e8m0 code of the smallest power of two >= x (np.uint8).
+    """The e8m0 code of the smallest power of two >= x (x as float32; np.uint8).
 
     Rounding up means a block scaled by it never overflows the element format.
     Clamped to the finite range [2**-127, 2**127]; x <= 0 gives code 0, NaN 255.
+    Read from the bits, not through float arithmetic: CuPy flushes float32
+    subnormals (x < 2**-126) to zero, numpy does not.
     """
     xp = array_module(x)
-    x = xp.asarray(x, dtype=np.float64)
-    m, E = xp.frexp(x)                      # x = m * 2**E, 0.5 <= m < 1
-    exp = xp.where(m == 0.5, E - 1, E)      # exact powers of two need no round-up
-    code = xp.clip(exp + 127, 0, 254)
-    code = xp.where(x > 0, code, 0)
-    code = xp.where(xp.isposinf(x), 254, code)
-    code = xp.where(xp.isnan(x), 255, code)
+    bits = xp.asarray(x, dtype=np.float32).view(np.uint32)
+    E, mant = (bits >> np.uint32(23)) & np.uint32(0xFF), bits & np.uint32(0x7FFFFF)
+    code = E + (mant != 0)                           # 1.m * 2**(E - 127): up unless m = 0
+    code = xp.where(E == 0, mant > (1 << 22), code)  # subnormal: 2**-126 above 2**-127, else 2**-127
+    code = xp.minimum(code, 254)
+    code = xp.where((bits >> np.uint32(31) == 1) | ((bits & np.uint32(0x7FFFFFFF)) == 0), 0, code)  # x <= 0
+    code = xp.where((E == 255) & (mant != 0), 255, code)
     return code.astype(np.uint8)
 
 

@@ -72,6 +72,9 @@ def test_f16_and_e8m0():
     assert v[:6].tolist() == [2.0**-127, 2.0**-126, 0.5, 1.0, 2.0, 2.0**127] and np.isnan(v[6])
     assert nx.f32_to_e8m0_ceil(np.array([1.0, 1.01, 0.75, 0.5, 3.0, 0.0, np.nan], np.float32)).tolist() == \
         [127, 128, 127, 126, 129, 0, 255]
+    # float32 subnormals (CuPy's kernels would flush them: the codes come from the bits)
+    sub = np.array([2.0**-127, 1.5 * 2.0**-127, 2.0**-140, 2.0**-126, -(2.0**-127)], np.float32)
+    assert nx.f32_to_e8m0_ceil(sub).tolist() == [0, 1, 0, 1, 0]
 
 
 def _float32_sample() -> np.ndarray:
