@@ -1,4 +1,5 @@
-"""PyTorch integration: `QuantLinear`, `replace_linear` and the `opgen::matmul` op.
+"""PyTorch integration: `QuantLinear`, `replace_linear` and the `opgen::matmul` and
+`opgen::quantize` ops.
 
 Optional: `import opgen` never imports this module (nor torch).
 
@@ -8,7 +9,8 @@ Optional: `import opgen` never imports this module (nor torch).
                                         in_features=4096, out_features=11008)
 
 The matmul is a `torch.library` custom op (`torch.ops.opgen.matmul`) with a
-fake implementation, so models using QuantLinear trace under torch.compile and
+fake implementation (as is the per-row quantizer of 8-bit-activation specs,
+`torch.ops.opgen.quantize`), so models using QuantLinear trace under torch.compile and
 capture into CUDA graphs. Custom ops take only tensors and scalars, so the
 (spec, N, K) of each call is an int handle into a process-wide registry; the
 compiled MatmulOp behind a handle is built on first use and shared by every
@@ -37,15 +39,16 @@ from .codegen.resolve import as_spec
 from .codegen.transcode import transcode
 from .runtime import arrays
 from .runtime.device import current_arch
-from .runtime.op import LAYOUTS, MatmulOp
+from .runtime.op import LAYOUTS, MatmulOp, QuantizeOp, quantize_spec
 from .runtime.progress import Progress
 
 __all__ = ["QuantLinear", "replace_linear", "ReplaceReport", "quantized", "quantize_activation",
-           "matmul", "handle_for", "to_numpy", "to_array", "to_torch"]
+           "matmul", "quantize", "handle_for", "to_numpy", "to_array", "to_torch"]
 
 _FLOAT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 # storage dtype names (checkpoints.expected_tensors' first choice) -> torch dtype
-_STORAGE = dict(_FLOAT, int32=torch.int32, uint8=torch.uint8, int8=torch.int8)
+_STORAGE = dict(_FLOAT, int32=torch.int32, uint8=torch.uint8, int8=torch.int8,
+                float8_e4m3=torch.float8_e4m3fn)
 
 
 # --- the op registry ---------------------------------------------------------------------
@@ -56,11 +59,13 @@ class _Entry:
         self._op = None
 
     def op(self):
-        """The MatmulOp, built on first CUDA call (it needs a GPU to pick the
+        """The MatmulOp (or for an op-quantize spec, registered with N = 0,
+        the QuantizeOp), built on first CUDA call (it needs a GPU to pick the
         arch). The layers hold the weight as the kernels read it (their
         kernel spec, this entry's spec): the op takes it as it is."""
         if self._op is None:
-            self._op = MatmulOp(self.spec, self.N, self.K, layout="stored")
+            self._op = (QuantizeOp(self.spec, self.K) if self.spec.op == "quantize"
+                        else MatmulOp(self.spec, self.N, self.K, layout="stored"))
         return self._op
 
 
@@ -166,6 +171,25 @@ def _matmul_fake(a, qweight, scales, zeros, bias, a_scale, handle):
 
 # --- activation quantization -------------------------------------------------------------
 
+@torch.library.custom_op("opgen::quantize", mutates_args=())
+def quantize(x: torch.Tensor, handle: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(codes [M, K], a_scale [M] float32): the rows of x [M, K] quantized
+    for the op-quantize spec of `handle` (handle_for(spec, 0, K)), bit for
+    bit as quantize_activation does: on CUDA in one launch (QuantizeOp,
+    where quantize_activation takes about ten torch kernels), elsewhere by it."""
+    e = _ENTRIES[handle]
+    if x.is_cuda and x.shape[0] > 0:
+        return e.op()(x.contiguous())
+    return quantize_activation(x, e.spec.out.dtype)
+
+
+@quantize.register_fake
+def _quantize_fake(x, handle):
+    e = _ENTRIES[handle]
+    torch._check(x.shape[1] == e.K, lambda: f"x: expected [M, {e.K}], got {list(x.shape)}")
+    return x.new_empty(x.shape, dtype=_STORAGE[e.spec.out.dtype]), x.new_empty(x.shape[:1], dtype=torch.float32)
+
+
 def quantize_activation(x: torch.Tensor, target: str = "int8") -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-row symmetric quantization of x [M, K], bit-for-bit
     codegen.reference.quantize_activation: a_scale = absmax / qmax (float32),
@@ -242,7 +266,7 @@ class QuantLinear(nn.Module):
         self.spec, self.spec_name = spec, spec.name
         self.kernel_spec = execution_spec(spec, _layout_arch()) if layout == "execution" else spec
         self.in_features, self.out_features = K, N
-        self.handle = handle_for(self.kernel_spec, N, K)
+        self._register_handles()
         if device is None and isinstance(qweight, torch.Tensor):
             device = qweight.device
         given = self._to_kernel_storage({k: to_torch(v) for k, v in given.items() if v is not None})
@@ -327,7 +351,9 @@ class QuantLinear(nn.Module):
         a_scale = None
         if spec.a.dtype in _FLOAT:
             a = a.to(_FLOAT[spec.a.dtype]).contiguous()
-        else:
+        elif a.dtype in (torch.float16, torch.bfloat16) and self.in_features % 8 == 0:
+            a, a_scale = quantize(a, self.quantize_handles[a.dtype])
+        else:                   # inputs the quantize kernel does not take
             a, a_scale = quantize_activation(a, spec.a.dtype)
         fused = self.bias if spec.epilogue.bias else None
         out = matmul(a, self.qweight, self.scales, self.zeros, fused, a_scale, self.handle)
@@ -335,6 +361,15 @@ class QuantLinear(nn.Module):
             out = out + self.bias
         out = out.reshape(*lead, self.out_features)
         return out.to(x.dtype) if x.is_floating_point() else out
+
+    def _register_handles(self) -> None:
+        """The registry handles of this layer's matmul and, for 8-bit
+        activations, of the quantizers of fp16 and bf16 inputs into them
+        (looked up, not made, in forward: torch.compile traces it)."""
+        self.handle = handle_for(self.kernel_spec, self.out_features, self.in_features)
+        self.quantize_handles = {} if self.spec.a.dtype in _FLOAT else {
+            dt: handle_for(quantize_spec(self.spec, name), 0, self.in_features)
+            for name, dt in _FLOAT.items() if dt != torch.float32}
 
     def extra_repr(self) -> str:
         layout = "" if self.kernel_spec is self.spec else f", layout={self.kernel_spec.name}"
@@ -345,7 +380,7 @@ class QuantLinear(nn.Module):
         # handles are per process: a pickled (torch.save(model)) layer
         # registers its (spec, N, K) again in the process that unpickles it
         super().__setstate__(state)
-        self.handle = handle_for(self.kernel_spec, self.out_features, self.in_features)
+        self._register_handles()
 
     # --- state dict ---
 

@@ -19,6 +19,7 @@ from opgen import checkpoints as ck  # noqa: E402
 from opgen.codegen.resolve import as_spec  # noqa: E402
 from opgen.codegen import reference as R  # noqa: E402
 from opgen.codegen.quantize_weight import quantize  # noqa: E402
+from opgen.codegen.tolerance import tolerance  # noqa: E402
 
 WEIGHT_ONLY = ["gptq_v1_w4a16_g128", "gptq_v2_w4a16_g128", "awq_w4a16_g128", "bnb_nf4", "bitnet_b158"]
 # int8 activations: W8A8 and sub-byte weights widened to int8 (issue 29)
@@ -334,6 +335,29 @@ def test_torch_compile_traces_the_op():
             assert torch.equal(compiled(x), model(x))
 
 
+def test_a8_layers_quantize_through_the_op():
+    """Layers of 8-bit activations quantize fp16 inputs through
+    opgen::quantize (one kernel on CUDA; here quantize_activation, bit for
+    bit), which torch.compile keeps as one op (dynamic M)."""
+    model = tiny_mlp()[:4]               # (the head stays a float Linear)
+    ot.replace_linear(model, "w8a8_int8")
+    x = torch.randn(5, 256).half()
+    codes, scale = torch.ops.opgen.quantize(x, model[0].quantize_handles[torch.float16])
+    want_codes, want_scale = ot.quantize_activation(x, "int8")
+    assert torch.equal(codes, want_codes) and torch.equal(scale, want_scale)
+    seen = []
+
+    def backend(gm, inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes)
+        return gm
+    compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for M in (3, 5):
+            x = torch.randn(M, 256).half()
+            assert torch.equal(compiled(x), model(x))
+    assert "opgen.quantize.default" in seen and "opgen.matmul.default" in seen
+
+
 # --- GPU ---------------------------------------------------------------------------------
 
 
@@ -352,8 +376,8 @@ def test_gpu_layer_matches_reference(spec, record):
         a, a_scale = (ot.to_numpy(v) for v in ot.quantize_activation(xs, q.spec.a.dtype))
     want = R.reference_matmul_f32(q.kernel_spec, a, t, a_scale=a_scale) + q.bias.float().cpu().numpy()
     err = rel_err(got, torch.from_numpy(want))
-    record(test="torch_layer", spec=spec, rel_err=err)
-    assert err <= 2e-3
+    record(test="torch_layer", spec=spec, rel_err=err, tol=tolerance(q.kernel_spec))
+    assert err <= tolerance(q.kernel_spec)     # w4a8_fp8's bf16 output alone rounds by ~2.3e-3
 
 
 @pytest.mark.gpu
