@@ -15,8 +15,10 @@ swapped for the variant's (lm_head stays fp16). For each batch size:
   tokens and logits), then the variant and the reference computed in fp32
   are run teacher-forced on those tokens: rel_err = max |logits - ref| /
   max |ref| of the variant, against the reference's own fp16-vs-fp32
-  rel_err_fp32; agreement = the fraction of the variant's greedy tokens equal
-  to the reference's, position by position.
+  rel_err_fp32; agreement = the fraction of positions where the variant's
+  greedy token (given the reference's tokens before it) is the reference's,
+  against the fp32 reference's own (agreement_fp32: with random weights the
+  logits are nearly flat, and fp32 alone flips many).
 * Check: before any of that, one layer of the variant against its
   dequantized weight on random inputs (a wrong layer is an error row, never
   timed as if it were right).
@@ -31,7 +33,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from .. import __version__
 from ..codegen.errors import UserError
@@ -78,6 +80,7 @@ class Row:
     rel_err: Optional[float] = None
     rel_err_fp32: Optional[float] = None
     agreement: Optional[float] = None
+    agreement_fp32: Optional[float] = None
     error: Optional[str] = None
     times_ms: List[float] = field(default_factory=list)
 
@@ -147,8 +150,8 @@ class Bench:
 
     # --- speed ---
 
-    def decode_time(self, B: int, row: Row):
-        """Time the model as it is at batch B into row; its greedy tokens."""
+    def decode_time(self, B: int, row: Row) -> None:
+        """Time the model as it is at batch B into row."""
         plan, prompt = self.plan, self.prompts[B]
         dec = Decoder(self.model, B, plan.prompt, plan.new_tokens)
         if self.graph:
@@ -163,11 +166,10 @@ class Bench:
         row.ms_per_step = statistics.median(steps)
         row.prefill_ms = statistics.median(prefill)
         row.tokens_per_s = B / row.ms_per_step * 1e3
-        return dec.run(prompt)
 
     # --- accuracy ---
 
-    def accuracy(self, B: int, v: Variant, mods: dict, reals: dict, tokens, row: Row) -> None:
+    def accuracy(self, B: int, v: Variant, mods: dict, reals: dict, row: Row) -> None:
         torch, plan, prompt = self.torch, self.plan, self.prompts[B]
         Reference, act = reference_class(), v.act
         ref16 = {n: Reference(w, act, torch.float16) for n, w in reals.items()}
@@ -175,8 +177,8 @@ class Bench:
         with swapped(self.model, ref16):
             ref_tokens = Decoder(self.model, B, plan.prompt, plan.new_tokens).run(
                 prompt, each=lambda t, lg: store[t].copy_(lg))
-        row.agreement = float((tokens == ref_tokens).float().mean())
-        row.rel_err = self._max_diff(mods, B, ref_tokens, store) / float(store.abs().max())
+        diff, row.agreement = self._max_diff(mods, B, ref_tokens, store)
+        row.rel_err = diff / float(store.abs().max())
         # The reference in fp32: its fp16 weights multiplied in fp32 (not TF32),
         # the other parameters (embeddings, norms, lm_head) cast there and back,
         # exactly (buffers such as the rotary frequencies stay as they are).
@@ -187,15 +189,18 @@ class Bench:
                 p.data = p.data.float()
             torch.set_float32_matmul_precision("highest")
             try:
-                row.rel_err_fp32 = self._max_diff({}, B, ref_tokens, store, ref_scale=True)
+                row.rel_err_fp32, row.agreement_fp32 = self._max_diff({}, B, ref_tokens, store,
+                                                                      ref_scale=True)
             finally:
                 torch.set_float32_matmul_precision(precision)
                 for p in params:
                     p.data = p.data.half()
 
-    def _max_diff(self, mods: dict, B: int, force, store, ref_scale: bool = False) -> float:
-        """max |logits - store| over a teacher-forced run of the model with
-        mods swapped in; ref_scale: divided by max |logits| of this run."""
+    def _max_diff(self, mods: dict, B: int, force, store, ref_scale: bool = False):
+        """(max |logits - store|, agreement) over a run of the model with mods
+        swapped in, teacher-forced on `force` (the reference's greedy tokens):
+        ref_scale: divided by max |logits| of this run; agreement: the
+        fraction of positions whose greedy token equals force's."""
         torch, plan = self.torch, self.plan
         worst = torch.zeros((), device=self.device)
         top = torch.zeros((), device=self.device)
@@ -204,8 +209,10 @@ class Bench:
             torch.maximum(worst, (lg - store[t]).abs().max(), out=worst)
             torch.maximum(top, lg.abs().max(), out=top)
         with swapped(self.model, mods):
-            Decoder(self.model, B, plan.prompt, plan.new_tokens).run(self.prompts[B], force=force, each=each)
-        return float(worst / top.clamp(min=1e-30)) if ref_scale else float(worst)
+            got = Decoder(self.model, B, plan.prompt, plan.new_tokens).run(self.prompts[B], force=force,
+                                                                            each=each)
+        agreement = float((got == force).float().mean())
+        return (float(worst / top.clamp(min=1e-30)) if ref_scale else float(worst)), agreement
 
     # --- one variant ---
 
@@ -245,9 +252,9 @@ class Bench:
         for row in rows:
             try:
                 with swapped(self.model, mods):
-                    tokens = self.decode_time(row.batch, row)
+                    self.decode_time(row.batch, row)
                 if reals and plan.accuracy:
-                    self.accuracy(row.batch, v, mods, reals, tokens, row)
+                    self.accuracy(row.batch, v, mods, reals, row)
                 self.log(f"{name} batch {row.batch}: {row.ms_per_step:.3f} ms/step"
                          + (f", rel_err {row.rel_err:.2e} (fp32 {row.rel_err_fp32:.2e}), "
                             f"agreement {row.agreement:.3f}" if row.rel_err is not None else ""))

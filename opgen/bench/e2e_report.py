@@ -90,10 +90,12 @@ def _f(x, fmt: str) -> str:
 def results_table(rows: Sequence[dict]) -> str:
     body = [[r["variant"], r["batch"], _f(r.get("ms_per_step"), ".3f"), _f(r.get("tokens_per_s"), ".0f"),
              _f(r.get("speedup"), ".2f"), _f(r.get("prefill_ms"), ".1f"), _f(r.get("rel_err"), ".2e"),
-             _f(r.get("rel_err_fp32"), ".2e"), _f(r.get("agreement"), ".3f"), r.get("error") or ""]
+             _f(r.get("rel_err_fp32"), ".2e"), _f(r.get("agreement"), ".3f"),
+             _f(r.get("agreement_fp32"), ".3f"), r.get("error") or ""]
             for r in rows]
     return markdown_table(["variant", "batch", "ms / step", "tokens/s", "vs fp16", "prefill ms",
-                   "logits rel err", "fp16 vs fp32", "token agreement", "error"], body)
+                           "logits rel err", "fp16 vs fp32", "token agreement", "fp32's agreement",
+                           "error"], body)
 
 
 def speed_table(rows: Sequence[dict]) -> str:
@@ -149,7 +151,11 @@ def markdown(results: dict) -> str:
              "reference's tokens, the reference being the same model holding the variant's "
              "dequantized weights in fp16 (the kernels' error alone); fp16 vs fp32: that "
              "reference's own difference from itself computed in fp32; token agreement: the "
-             "variant's greedy tokens equal to the reference's, position by position.", "",
+             "fraction of positions where the variant's greedy token, given the reference's "
+             "tokens before it, is the reference's; fp32's agreement: the same of the reference "
+             "computed in fp32 (random weights give nearly flat logits: rounding alone flips "
+             "many). no_linear: the linear layers compute nothing (the step's time outside "
+             "them).", "",
              "## Results", "", speed_table(results["rows"]), "", results_table(results["rows"]), "",
              *(load_lines(results["load"]) if "load" in results else []),
              "## Targets", "", targets_table(results.get("targets", [])), ""]

@@ -4,6 +4,9 @@ layer multiplies by (its dequantized weight: the model holding it in fp16 is
 the reference of the variant's kernel error).
 
     fp16          the model as built: the baseline
+    no_linear     every decoder linear layer replaced by one that computes
+                  nothing (an uninitialized output): the step's time outside
+                  them, the bound of what any kernel for them can gain
     opgen:SPEC    opgen.torch.QuantLinear of SPEC (a shipped name or a YAML
                   file), quantized where the weight lies (round to nearest)
     torch_int4    torch._weight_int4pack_mm (tinygemm): 4-bit asymmetric,
@@ -31,7 +34,7 @@ from . import gemlite_peer
 # The peers' codes: opgen's quantizer into this shipped 4-bit asymmetric
 # group-128 spec (so they take the codes opgen's AWQ variant runs).
 PEER_SPEC = "awq_w4a16_g128"
-DEFAULT_VARIANTS = ("fp16", "opgen:w4a16_sym_g128", "opgen:awq_w4a16_g128", "opgen:bnb_nf4",
+DEFAULT_VARIANTS = ("fp16", "no_linear", "opgen:w4a16_sym_g128", "opgen:awq_w4a16_g128", "opgen:bnb_nf4",
                     "opgen:mxfp4", "opgen:w8a8_int8", "torch_int4", "gemlite_w4")
 PEERS = ("torch_int4", "gemlite_w4")
 
@@ -59,6 +62,29 @@ class Variant:
 
 class Fp16(Variant):
     name = "fp16"
+
+
+class NoLinear(Variant):
+    """Linear layers that launch nothing (torch.empty of the output's shape):
+    the decode step less its linear layers, to time; its tokens mean nothing."""
+    name = "no_linear"
+
+    def layer(self, linear):
+        return _no_linear_class()(linear.out_features), None
+
+
+@functools.lru_cache(maxsize=None)
+def _no_linear_class():
+    import torch
+
+    class Nothing(torch.nn.Module):
+        def __init__(self, N: int):
+            super().__init__()
+            self.N = N
+
+        def forward(self, x):
+            return torch.empty(*x.shape[:-1], self.N, dtype=x.dtype, device=x.device)
+    return Nothing
 
 
 class Opgen(Variant):
@@ -204,10 +230,12 @@ def variant(name: str) -> Variant:
     ValueError names the ones there are."""
     if name == "fp16":
         return Fp16()
+    if name == "no_linear":
+        return NoLinear()
     if name.startswith("opgen:") and len(name) > len("opgen:"):
         return Opgen(name[len("opgen:"):])
     if name == "torch_int4":
         return TorchInt4()
     if name == "gemlite_w4":
         return GemliteW4()
-    raise ValueError(f"unknown variant {name!r} (known: fp16, opgen:SPEC, {', '.join(PEERS)})")
+    raise ValueError(f"unknown variant {name!r} (known: fp16, no_linear, opgen:SPEC, {', '.join(PEERS)})")

@@ -2,7 +2,6 @@
 decodes eagerly, opgen's layers through the numpy reference (the run's
 logic, not its figures); on a GPU with graphs and the peers."""
 import json
-import math
 
 import pytest
 
@@ -22,7 +21,7 @@ def plan(variants, batches=(1, 2), **kw):
 
 @pytest.fixture(scope="module")
 def result():
-    return e2e.run(plan(("fp16", "opgen:w4a16_sym_g128", "opgen:w8a8_int8", "torch_int4")),
+    return e2e.run(plan(("fp16", "no_linear", "opgen:w4a16_sym_g128", "opgen:w8a8_int8", "torch_int4")),
                    log=lambda s: None)
 
 
@@ -32,7 +31,8 @@ def rows_of(result, variant):
 
 def test_every_variant_and_batch_has_a_row(result):
     assert [(r["variant"], r["batch"]) for r in result["rows"]] == [
-        (v, b) for v in ("fp16", "opgen:w4a16_sym_g128", "opgen:w8a8_int8", "torch_int4") for b in (1, 2)]
+        (v, b) for v in ("fp16", "no_linear", "opgen:w4a16_sym_g128", "opgen:w8a8_int8", "torch_int4")
+        for b in (1, 2)]
     assert result["plan"]["graph"] is False and result["model"]["linear_layers"] == 14
     for r in rows_of(result, "fp16"):
         assert r["error"] is None and r["speedup"] == 1.0 and r["rel_err"] is None
@@ -49,7 +49,13 @@ def test_opgen_rows_have_speed_and_accuracy(result):
         # that flips amplifies both to about 1e-2 on this tiny model)
         assert 0 < r["rel_err"] < 5e-2 and 0 < r["rel_err_fp32"] < 5e-2
         assert r["rel_err"] <= 4 * r["rel_err_fp32"]
-        assert 0.0 <= r["agreement"] <= 1.0 and math.isfinite(r["agreement"])
+        assert 0.0 <= r["agreement"] <= 1.0 and 0.0 <= r["agreement_fp32"] <= 1.0
+
+
+def test_no_linear_times_the_step_without_its_linear_layers(result):
+    for r in rows_of(result, "no_linear"):
+        assert r["error"] is None and r["ms_per_step"] > 0 and r["speedup"] > 0
+        assert r["rel_err"] is None and r["agreement"] is None
 
 
 def test_a_peer_that_cannot_run_here_is_skipped_with_why(result):

@@ -40,6 +40,13 @@ def test_fp16_keeps_the_linear():
     assert ev.Fp16().layer(lin) == (lin, None)
 
 
+def test_no_linear_gives_the_output_shape_and_no_weight():
+    lin = linear(N=48, K=256)
+    mod, real = ev.variant("no_linear").layer(lin)
+    out = mod(torch.randn(2, 3, 256).half())
+    assert real is None and out.shape == (2, 3, 48) and out.dtype == torch.float16
+
+
 @pytest.mark.parametrize("spec", ["w4a16_sym_g128", "awq_w4a16_g128", "bnb_nf4", "w8a8_int8"])
 def test_opgen_layer_and_its_real_weight(spec):
     """The real weight is the reference dequantization of what the layer
