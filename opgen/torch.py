@@ -187,7 +187,8 @@ def quantize(x: torch.Tensor, handle: int) -> Tuple[torch.Tensor, torch.Tensor]:
 def _quantize_fake(x, handle):
     e = _ENTRIES[handle]
     torch._check(x.shape[1] == e.K, lambda: f"x: expected [M, {e.K}], got {list(x.shape)}")
-    return x.new_empty(x.shape, dtype=_STORAGE[e.spec.out.dtype]), x.new_empty(x.shape[:1], dtype=torch.float32)
+    return (x.new_empty(x.shape, dtype=_STORAGE[e.spec.out.dtype]),
+            x.new_empty(x.shape[:1], dtype=torch.float32))
 
 
 def quantize_activation(x: torch.Tensor, target: str = "int8") -> Tuple[torch.Tensor, torch.Tensor]:
