@@ -5,7 +5,8 @@
 #   bash bench/gpu_run.sh verify [PYTEST_ARGS...]  GPU tests -> pytest_gpu.txt, gpu_correctness.json
 #                                                  (default: every gpu-marked test but the
 #                                                  every-config sweeps and tests/perf; JOBS=n:
-#                                                  the test files given as n concurrent runs; with
+#                                                  the test files given as n concurrent runs; -n N
+#                                                  (pytest-xdist) works too; with
 #                                                  T_CASE=s each argument runs alone under that
 #                                                  limit, so a hang names its test:
 #                                                  c_<test>.json, tests.txt)
@@ -77,18 +78,35 @@ verify() {
     return 0
   fi
   [ $# -gt 0 ] || set -- -m gpu tests --ignore=tests/perf -k "not every_"
-  if [ "${JOBS:-1}" -gt 1 ]; then verify_jobs "$@"; return; fi
-  OPGEN_RESULTS="$OUT/gpu_correctness.json" timeout -s INT -k 15 "${T_TEST:-240}" \
-    $PYTEST "$@" > "$OUT/pytest_gpu.txt" 2>&1
-  grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.txt" | tail -8
+  local dir=/tmp/opgen_verify
+  rm -rf "$dir"; mkdir -p "$dir"
+  if [ "${JOBS:-1}" -gt 1 ]; then
+    verify_jobs "$dir" "$@"
+  else
+    OPGEN_RESULTS="$dir/all.json" timeout -s INT -k 15 "${T_TEST:-240}" $PYTEST "$@" > "$dir/all.txt" 2>&1
+  fi
+  cat "$dir"/*.txt > "$OUT/pytest_gpu.txt"
+  # One record file of every process's (JOBS) and pytest-xdist worker's (-n) checks.
+  python3 - "$OUT/gpu_correctness.json" "$dir" <<'PY'
+import glob, json, sys
+runs = []
+for p in sorted(glob.glob(sys.argv[2] + "/*.json")):
+    try:
+        runs.append(json.load(open(p)))
+    except ValueError:           # a process killed while writing: its last complete file is lost
+        print(f"!! unreadable record file {p}")
+if runs:
+    json.dump({"env": runs[0]["env"], "exitstatus": max((r["exitstatus"] or 0) for r in runs),
+               "checks": [c for r in runs for c in r["checks"]]}, open(sys.argv[1], "w"), indent=1)
+PY
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_gpu.txt" | tail -16
 }
 
 # JOBS=n: the test files given run as n concurrent pytest processes (the tests
-# are mostly NVRTC compiles, on the CPUs), each with the other arguments; their
-# logs and records are then joined into the same two files as one run's.
+# are mostly NVRTC compiles, on the CPUs), each with the other arguments.
 verify_jobs() {
-  local a files=() opts=() dir=/tmp/opgen_jobs
-  rm -rf "$dir"; mkdir -p "$dir"
+  local a files=() opts=()
+  dir=$1; shift
   for a in "$@"; do
     if [ "${a#-}" = "$a" ] && [ -e "${a%%::*}" ]; then files+=("$a"); else opts+=("$a"); fi
   done
@@ -96,15 +114,6 @@ verify_jobs() {
   export PYTEST dir; export -f verify_one 2> /dev/null
   timeout -s INT -k 15 "${T_TEST:-240}" xargs -P "$JOBS" -I{} -d '\n' \
     bash -c 'verify_one "$@"' _ {} ${opts[@]+"${opts[@]}"} < "$dir/files"
-  cat "$dir"/*.txt > "$OUT/pytest_gpu.txt"
-  python3 - "$OUT/gpu_correctness.json" "$dir" <<'PY'
-import glob, json, sys
-runs = [json.load(open(p)) for p in sorted(glob.glob(sys.argv[2] + "/*.json"))]
-if runs:
-    json.dump({"env": runs[0]["env"], "exitstatus": max((r["exitstatus"] or 0) for r in runs),
-               "checks": [c for r in runs for c in r["checks"]]}, open(sys.argv[1], "w"), indent=1)
-PY
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_gpu.txt" | tail -16
 }
 
 verify_one() {

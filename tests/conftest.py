@@ -1,6 +1,7 @@
 """Shared test setup: the `gpu` marker skips cleanly without a GPU, and GPU
 checks can record what they measured into a JSON results file
-(OPGEN_RESULTS=path) so that a run on the H200 leaves evidence behind."""
+(OPGEN_RESULTS=path; under pytest-xdist one file per worker beside it) so
+that a run on the GPU leaves evidence behind."""
 import json
 import os
 
@@ -44,6 +45,10 @@ def pytest_sessionfinish(session, exitstatus):
 
 def _write(exitstatus):
     path = os.environ.get("OPGEN_RESULTS")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if path and worker:              # pytest -n: a file per worker (RESULTS.gw0.json, ...)
+        root, ext = os.path.splitext(path)
+        path = f"{root}.{worker}{ext}"
     if path and _records:
         info = {}
         try:
