@@ -57,6 +57,8 @@ def _write(exitstatus):
                     "nvrtc": device.nvrtc_version()}
         except Exception:
             pass
-        with open(path, "w") as f:
+        # whole or not at all: a run killed by its time limit keeps the last complete file
+        with open(path + ".tmp", "w") as f:
             json.dump({"env": info, "exitstatus": exitstatus if exitstatus is None else int(exitstatus),
                        "checks": _records}, f, indent=1)
+        os.replace(path + ".tmp", path)
