@@ -64,6 +64,7 @@ class Plan:
     variants: Sequence[str] = ()
     repeats: int = DEFAULT_REPEATS
     accuracy: bool = True
+    compile: bool = False           # the decode step through torch.compile (e2e_model.Decoder)
     load_time: bool = False         # also time a GPTQ checkpoint of the model loading (e2e_load.py)
     seed: int = 0
 
@@ -153,9 +154,12 @@ class Bench:
     def decode_time(self, B: int, row: Row) -> None:
         """Time the model as it is at batch B into row."""
         plan, prompt = self.plan, self.prompts[B]
-        dec = Decoder(self.model, B, plan.prompt, plan.new_tokens)
+        dec = Decoder(self.model, B, plan.prompt, plan.new_tokens, compile=plan.compile)
         if self.graph:
-            dec.capture(prompt)
+            dec.capture(prompt)                 # (compiles in its warm-up steps)
+        elif plan.compile:
+            dec.prefill(prompt)                 # compile outside the timed runs
+            dec.step()
         row.graph = self.graph
         steps, prefill = [], []
         for _ in range(plan.repeats):
@@ -321,7 +325,8 @@ def run(plan: Plan, log: Callable[[str], None] = _log, workers: Optional[int] = 
         "env": bench.env(),
         "plan": {"model": plan.model, "source": plan.source, "batches": list(plan.batches),
                  "prompt": plan.prompt, "new_tokens": plan.new_tokens, "repeats": plan.repeats,
-                 "variants": list(plan.variants), "seed": plan.seed, "graph": bench.graph},
+                 "variants": list(plan.variants), "seed": plan.seed, "graph": bench.graph,
+                 "compile": plan.compile},
         "model": {"layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size,
                   "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
                   "linear_layers": len(bench.names)},

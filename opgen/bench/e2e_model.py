@@ -81,9 +81,10 @@ class Decoder:
     new_tokens - 1 decode steps, each reading the token in `ids`, writing the
     next token's logits (float32) into `logits` and its argmax into `ids`.
     All of a step's state lives in fixed tensors, so a step can be captured
-    into a CUDA graph (`capture`) and replayed (`step`)."""
+    into a CUDA graph (`capture`) and replayed (`step`). compile: the decode
+    step's forward through torch.compile (`_compiled`)."""
 
-    def __init__(self, model, batch: int, prompt_len: int, new_tokens: int):
+    def __init__(self, model, batch: int, prompt_len: int, new_tokens: int, compile: bool = False):
         import torch
         import transformers
         self.torch, self.model = torch, model
@@ -97,6 +98,17 @@ class Decoder:
         self.pos = torch.zeros(batch, 1, dtype=torch.long, device=dev)
         self.logits = torch.zeros(batch, model.config.vocab_size, dtype=torch.float32, device=dev)
         self.graph = None
+        self.decode_forward = self._compiled() if compile else self._forward
+
+    def _compiled(self):
+        """_forward through torch.compile: Inductor, one graph (fullgraph: a
+        break is an error, never a silent eager fallback), static shapes; it
+        compiles on the first decode step. Dynamo's caches are reset first:
+        each Decoder (another batch, other layers swapped in) compiles its
+        own, and no run of them reaches Dynamo's recompile limit, past which
+        it would run eagerly without a word."""
+        self.torch._dynamo.reset()
+        return self.torch.compile(self._forward, fullgraph=True, dynamic=False)
 
     def _forward(self, ids, pos):
         out = self.model(input_ids=ids, position_ids=pos, use_cache=True, logits_to_keep=1,
@@ -116,7 +128,7 @@ class Decoder:
 
     def _step(self) -> None:
         with self.torch.no_grad():
-            self.logits.copy_(self._forward(self.ids, self.pos))
+            self.logits.copy_(self.decode_forward(self.ids, self.pos))
         self.ids.copy_(self.logits.argmax(-1, keepdim=True))
         self.pos.add_(1)
 

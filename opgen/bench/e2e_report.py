@@ -144,7 +144,8 @@ def markdown(results: dict) -> str:
              f"weights; lm_head fp16), prompt {plan['prompt']} tokens, {plan['new_tokens']} new "
              f"tokens, greedy, static KV cache, "
              + ("each decode step replayed from a CUDA graph" if plan["graph"] else
-                "eager decode steps (no CUDA)") +
+                "eager decode steps (no CUDA)")
+             + (", compiled by torch.compile (Inductor)" if plan.get("compile") else "") +
              f"; median of {plan['repeats']} runs. torch {env.get('torch', '?')}, transformers "
              f"{env.get('transformers', '?')}, opgen {env.get('opgen', '?')}.", "",
              "logits rel err: max |logits - reference| / max |reference|, teacher-forced on the "

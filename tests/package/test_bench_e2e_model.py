@@ -106,6 +106,29 @@ def test_a_decode_step_never_reads_a_scalar_back():
     assert spy.ops and not {o for o in spy.ops if "local_scalar" in o or "nonzero" in o}
 
 
+def test_a_compiled_decode_step_is_one_graph_and_computes_as_the_eager_one():
+    """compile: the decode step through torch.compile (Inductor; fullgraph,
+    so a break would be an error), opgen's custom ops inside (W8A8: its
+    activation quantizer and its matmul). Teacher-forced on the eager
+    tokens, the same logits up to Inductor's fp32 intermediates (its fused
+    norms skip fp16 roundings, which the int8 activations then amplify)."""
+    from opgen.bench.e2e_variants import variant
+    model = em.build_model(TINY, "cpu", torch.float16, seed=3)
+    v = variant("opgen:w8a8_int8")
+    mods = {n: v.layer(model.get_submodule(n))[0] for n in em.linear_names(model)}
+    prompt = torch.randint(0, TINY["vocab_size"], (2, 5))
+    eager, compiled = [], []
+    with em.swapped(model, mods):
+        tokens = em.Decoder(model, 2, 5, 4).run(prompt, each=lambda t, lg: eager.append(lg.clone()))
+        torch._dynamo.utils.counters.clear()
+        em.Decoder(model, 2, 5, 4, compile=True).run(prompt, force=tokens,
+                                                     each=lambda t, lg: compiled.append(lg.clone()))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    want, got = torch.stack(eager), torch.stack(compiled)
+    assert torch.equal(got[0], want[0])                     # the prefill: eager in both
+    assert float((got - want).abs().max() / want.abs().max()) < 5e-2
+
+
 @pytest.mark.gpu
 @cuda
 def test_gpu_the_captured_step_decodes_as_the_eager_one():
