@@ -116,6 +116,21 @@ def _paths(node, prefix=()):
     return out
 
 
+def _reaches(node, target) -> bool:
+    """Whether `target` (by identity) is node or inside it (shared objects
+    make the data a graph: a path check alone misses an alias)."""
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n is target:
+            return True
+        if id(n) in seen or not isinstance(n, (dict, list)):
+            continue
+        seen.add(id(n))
+        stack.extend(n.values() if isinstance(n, dict) else n)
+    return False
+
+
 def _get(d, path):
     for p in path:
         d = d[p]
@@ -151,9 +166,9 @@ def mutated_data(draw, name=None):
             _set(d, p, draw(VALUES if op == "retype" else NUMBERS))
         elif op in ("swap", "share"):
             q = draw(st.sampled_from(paths))
-            if p[:len(q)] == q or q[:len(p)] == p:
-                continue                                # one inside the other: no cycles here
             a, b = _get(d, p), _get(d, q)
+            if _reaches(a, _get(d, q[:-1])) or (op == "swap" and _reaches(b, _get(d, p[:-1]))):
+                continue                                # it would hold itself: no cycles here
             _set(d, q, a)
             if op == "swap":
                 _set(d, p, b)
