@@ -131,44 +131,41 @@ memcheck() {
   grep -E "ERROR SUMMARY|Invalid|passed|failed" "$OUT/memcheck.txt" | tail -12
 }
 
+# Each argument: the arguments of one `opgen tune` run (word-split), run in
+# order under one T_TUNE limit into $DB (started from a copy of the shipped DB
+# unless FRESH); a run cut short keeps every pair it stored.
+tune_each() {
+  local run left rc=0 end=$(( $(date +%s) + ${T_TUNE:-300} ))
+  [ -f "$DB" ] || [ -n "${FRESH:-}" ] || cp opgen/data/tuning/nvidia_h200.json "$DB"
+  for run in "$@"; do
+    left=$(( end - $(date +%s) ))
+    [ "$left" -gt 5 ] || { echo "T_TUNE spent before: $run" | tee -a "$OUT/tune.txt"; rc=124; break; }
+    timeout -s INT -k 20 "$left" python3 -m opgen tune $run --budget-ms "${BUDGET_MS:-5}" \
+      --db "$DB" >> "$OUT/tune.txt" 2>&1 || rc=$?
+  done
+  rm -f "$DB.lock"
+  grep -E "^compiled|^stored .* pair|^total|NOT tuned|T_TUNE|heuristic" "$OUT/tune.txt" | tail -12
+  return $rc
+}
+
 tune() {
-  local shapes ms rest left end rc=0 specs=("$@")
-  [ $# -gt 0 ] || specs=(--all)
+  local shapes ms rest specs=${*:---all}
   read -r shapes ms < <(python3 -c "from opgen.bench.plan import DEFAULT_SHAPES as S, DEFAULT_MS as M
 print(','.join(f'{n}x{k}' for n, k in S), ','.join(map(str, M)))")
   ms=${MS:-$ms}
-  [ -f "$DB" ] || [ -n "${FRESH:-}" ] || cp opgen/data/tuning/nvidia_h200.json "$DB"
   # The targets' shape first: a run cut short keeps the pairs that matter most;
   # the second pass finds its kernels in the cubin cache (they do not depend on N, K).
   rest=$(echo "$shapes" | tr ',' '\n' | grep -vx 8192x8192 | paste -sd, -)
-  end=$(( $(date +%s) + ${T_TUNE:-300} ))
-  for s in 8192x8192 "$rest"; do
-    left=$(( end - $(date +%s) ))
-    [ "$left" -gt 5 ] || { echo "T_TUNE spent before $s" | tee -a "$OUT/tune.txt"; rc=124; break; }
-    timeout -s INT -k 20 "$left" python3 -m opgen tune "${specs[@]}" --shapes "$s" --M "$ms" \
-      --budget-ms "${BUDGET_MS:-5}" --db "$DB" >> "$OUT/tune.txt" 2>&1 || rc=$?
-  done
-  rm -f "$DB.lock"
-  grep -E "^compiled|^stored .* pair|^total|NOT tuned|T_TUNE" "$OUT/tune.txt" | tail -8
-  return $rc
+  tune_each "$specs --shapes 8192x8192 --M $ms" "$specs --shapes $rest --M $ms"
 }
 
 # The linear shapes of shipped models (opgen/data/models), one model after the
 # other in the order given, for the formats users serve them in.
 models() {
-  local m left rc=0 end=$(( $(date +%s) + ${T_TUNE:-300} ))
-  local specs=${SPECS:-w4a16_sym_g128,bnb_nf4,mxfp4,w8a8_int8}
+  local m runs=() specs=${SPECS:-w4a16_sym_g128,bnb_nf4,mxfp4,w8a8_int8}
   [ $# -gt 0 ] || set -- llama-3-8b qwen2.5-7b llama-3-70b qwen2.5-72b mistral-7b gpt-oss-20b
-  [ -f "$DB" ] || [ -n "${FRESH:-}" ] || cp opgen/data/tuning/nvidia_h200.json "$DB"
-  for m in "$@"; do
-    left=$(( end - $(date +%s) ))
-    [ "$left" -gt 5 ] || { echo "T_TUNE spent before $m" | tee -a "$OUT/tune.txt"; rc=124; break; }
-    timeout -s INT -k 20 "$left" python3 -m opgen tune ${specs//,/ } --model "$m" ${MS:+--M "$MS"} \
-      --budget-ms "${BUDGET_MS:-5}" --db "$DB" --quiet >> "$OUT/tune.txt" 2>&1 || rc=$?
-  done
-  rm -f "$DB.lock"
-  grep -E "^compiled|^stored .* pair|^total|NOT tuned|T_TUNE|heuristic" "$OUT/tune.txt" | tail -12
-  return $rc
+  for m in "$@"; do runs+=("${specs//,/ } --model $m ${MS:+--M $MS} --quiet"); done
+  tune_each "${runs[@]}"
 }
 
 bench() {
