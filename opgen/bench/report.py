@@ -112,10 +112,10 @@ def graph_table(rows: Sequence[dict]) -> str:
                      _us_or_err(r.get(f"{peer}_graph_us"), gerr.get(peer)) if peer else "—",
                      _verdict(r.get("graph_verified")),
                      _verdict(r.get("graph_pdl_verified")) if ran_pdl else "—"])
-    return markdown_table(["spec", "N x K", "M", "layers", "graph µs/layer", "PDL µs/layer", "PDL / graph",
-                   "isolated µs", "graph / isolated", "byte floor µs", "x byte floor",
-                   "cuBLAS fp16 graph µs", "peer", "peer graph µs", "check", "PDL check"], body,
-                  "llrrrrrrrrrrlrll")
+    return markdown_table(["spec", "N x K", "M", "layers", "graph µs/layer", "PDL µs/layer",
+                           "PDL / graph", "isolated µs", "graph / isolated", "byte floor µs",
+                           "x byte floor", "cuBLAS fp16 graph µs", "peer", "peer graph µs", "check",
+                           "PDL check"], body, "llrrrrrrrrrrlrll")
 
 
 def peers_graph_table(peer_rows: Sequence[dict], peers: Sequence[str] = PEERS) -> str:
@@ -163,7 +163,7 @@ def linear_table(rows: Sequence[dict]) -> str:
                      _fmt_us(r.get("bminf_w8a8_us")), _fmt_x(r.get("linear_speedup_vs_bminf")),
                      check])
     return markdown_table(["spec", "N x K", "M", "opgen linear µs", "opgen GEMM µs", "BMINF W8A8 µs",
-                   "vs BMINF", "check"], body, "llrrrrrl")
+                           "vs BMINF", "check"], body, "llrrrrrl")
 
 
 def prepare_table(rows: Sequence[dict]) -> str:
@@ -233,7 +233,7 @@ def _isolated_targets(targets: Sequence[dict]) -> str:
             "M <= 16). Where needed < read-only, the target asks for less time than reading "
             "the weights takes.")
     return head + markdown_table(["target", "spec", "M", "measured", "need", "opgen µs", "needed µs",
-                          "read-only µs", "status"], body, "llrrrrrrl") + note
+                                  "read-only µs", "status"], body, "llrrrrrrl") + note
 
 
 def markdown(results: dict) -> str:
