@@ -35,7 +35,8 @@
 #                                                  weights) into $OUT/e2e: e2e.json, e2e.md, e2e.png
 #   bash bench/gpu_run.sh memcheck [PYTEST_ARGS...] compute-sanitizer memcheck of one config of
 #                                                  each kernel kind per spec at odd tails
-#                                                  (test_kernel.py -k memcheck) -> memcheck.txt;
+#                                                  (test_kernel.py -k memcheck; compiled first,
+#                                                  then MEMCHECK_N (8) xdist workers) -> memcheck.txt;
 #                                                  rc 99: it found an error (Firecracker
 #                                                  runtimes only: KINDS.md)
 #
@@ -45,8 +46,9 @@
 # Time limits per step (s, SIGINT: the tuner keeps every pair it stored, the
 # bench every spec it finished): T_TEST (240), T_TUNE (300), T_BENCH (150),
 # T_SWEEP (240, all entries), T_NCU (90 per pass); `ship` takes T_TEST 120 and
-# T_TUNE 280 to stay under a device call's 600 s; T_E2E (540). BUDGET_MS: device time per
-# measurement of tune (5) and sweep (2).
+# T_TUNE 280 to stay under a device call's 600 s; T_E2E (540); memcheck's
+# T_WARM (150) and T_MEMCHECK (400). BUDGET_MS: device time per measurement
+# of tune (5) and sweep (2).
 set -u
 cmd=${1:?usage: bash bench/gpu_run.sh verify|tune|models|bench|ship|sweep|ncu|probe|memcheck|e2e [ARGS...]}; shift
 OUT=${OUT:-/tmp/opgen_out}; mkdir -p "$OUT"
@@ -125,8 +127,14 @@ verify_one() {
 
 memcheck() {
   [ $# -gt 0 ] || set -- tests/runtime/test_kernel.py -k memcheck
-  timeout -s INT -k 15 "${T_MEMCHECK:-500}" compute-sanitizer --tool memcheck --error-exitcode 99 \
-    --print-limit 20 $PYTEST "$@" > "$OUT/memcheck.txt" 2>&1
+  # The kernels compiled into the cubin cache first, outside the sanitizer
+  # (which slows everything in its process: 7 specs in 560 s with cold
+  # compiles on the H200); then the checks in MEMCHECK_N pytest-xdist workers,
+  # each under the sanitizer (it follows child processes).
+  timeout -s INT -k 15 "${T_WARM:-150}" $PYTEST -n "${MEMCHECK_N:-8}" "$@" > "$OUT/memcheck_warm.txt" 2>&1
+  echo "warm rc=$? $(tail -1 "$OUT/memcheck_warm.txt")"
+  timeout -s INT -k 15 "${T_MEMCHECK:-400}" compute-sanitizer --tool memcheck --error-exitcode 99 \
+    --print-limit 20 $PYTEST -n "${MEMCHECK_N:-8}" "$@" > "$OUT/memcheck.txt" 2>&1
   echo "memcheck rc=$?"
   grep -E "ERROR SUMMARY|Invalid|passed|failed" "$OUT/memcheck.txt" | tail -12
 }

@@ -100,7 +100,9 @@ def test_import_names_do_not_clash():
 
 def test_mirrored_subfolders_are_packages():
     for d in TESTS.rglob("*"):
-        if d.is_dir() and d.name != "__pycache__" and d.parent != TESTS:
+        # (tool caches: __pycache__, hypothesis' .hypothesis when run from a subfolder)
+        hidden = any(p.startswith(".") or p == "__pycache__" for p in d.relative_to(TESTS).parts)
+        if d.is_dir() and not hidden and d.parent != TESTS:
             assert (d / "__init__.py").is_file(), f"{d.relative_to(ROOT)} needs an __init__.py"
 
 

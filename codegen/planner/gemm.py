@@ -30,6 +30,14 @@ def check_wgmma(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout, ce: int) ->
         raise PlanError("wgmma here takes K-major weights (decoded or stored [N, K])")
 
 
+def wgmma_promotes(cfg: Config, num: Numerics) -> bool:
+    """Whether the config's wgmma sums each k-tile apart (scale-d 0) and adds
+    it into a second set of fp32 accumulators: where the tensor cores do not
+    keep a full fp32 sum (hw.Wgmma.exact_acc), this bounds the error at one
+    k-tile's, whatever K. Twice the accumulator registers."""
+    return cfg.wgmma and not hw.WGMMAS[num.mma].exact_acc
+
+
 def check_byte_lanes(lay: Layout) -> None:
     """What widening codes to int8 needs: int32 words of codes along k in the
     byte-lanes order (the execution layout: planner.execution.byte_lanes)."""
@@ -77,6 +85,7 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     # Group scales of widened codes: each group's integer sums are scaled into
     # a second (fp32) accumulator when its last k-tile is done.
     flush = num.widen and num.scale_gran == "group"
+    promote = wgmma_promotes(cfg, num)
     if flush and num.group % BK:
         raise PlanError(f"group scales of 8-bit products need whole k-tiles per group "
                         f"(BK {BK} does not divide {num.group})")
@@ -84,8 +93,9 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     if int_out and cfg.split_k != 1:
         raise PlanError(f"split-K sums in fp32: no {spec.out.dtype} output")
     # Stages the pipeline needs (gemm.cu.j2): one more for a decoded tile, one
-    # more for the wgmma group kept in flight.
-    inflight = int(cfg.wgmma and num.dense)
+    # more for the wgmma group kept in flight (none when each tile's sums are
+    # added up as soon as they are done).
+    inflight = int(cfg.wgmma and num.dense and not promote)
     need = 2 + (0 if num.dense else 1) + inflight
     if cfg.stages < need:
         raise PlanError(f"this pipeline needs at least {need} stages")
@@ -108,8 +118,8 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
         acc_regs = (WM // 16) * (WN // 8) * 4
         # fp8 mma.sync on sm_90 runs as two f16 HMMAs plus conversions: fewer accumulators.
         most = 32 if num.mma == "float8_e4m3" else 64
-    if acc_regs * (1 + flush) > most:
-        raise PlanError(f"{acc_regs * (1 + flush)} accumulator registers per thread")
+    if acc_regs * (1 + (flush or promote)) > most:
+        raise PlanError(f"{acc_regs * (1 + (flush or promote))} accumulator registers per thread")
     if num.widen and cfg.min_blocks > 1 and acc_regs > 32:
         # ptxas: 64 accumulators and the widening decode spill 8-16 bytes under
         # two blocks' 128-register cap (tests/codegen/test_compiler.py).
@@ -120,7 +130,7 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
         # widening spill 8 bytes at 255 registers (the same test).
         raise PlanError(f"widened codes: split-K of {acc_regs} wgmma accumulators per thread")
     g.update(smem=smem, grid_tiles=(BN, BM), wgmma=cfg.wgmma, inflight=inflight, flush=flush,
-             int_out=int_out)
+             promote=promote, int_out=int_out)
     return g
 
 

@@ -11,7 +11,7 @@ from .. import hw
 from ..lower import Layout, Numerics
 from ..spec import Spec
 from .config import Config, PlanError
-from .gemm import check_wgmma, grid
+from .gemm import check_wgmma, grid, wgmma_promotes
 from .launch import Family, TmaBoxes
 from .tiles import STATIC_SMEM_RESERVE, decoded_tile, k_major
 
@@ -74,6 +74,12 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     consumers = (cfg.BM // 64) * (cfg.BN // cfg.WN)
     if consumers > 2:
         raise PlanError(f"{consumers} MMA warpgroups (at most 2)")
+    promote = wgmma_promotes(cfg, num)
+    if promote and cfg.WN > 128:
+        # The tile's sums and the running ones: WN registers per thread, and
+        # 256 leave none of the MMA warps' 232 for anything else.
+        raise PlanError(f"wgmma sums added up per k-tile: two sets of {cfg.WN // 2} accumulators "
+                        "per thread (WN 64 or 128)")
     regs = (TMA_PRODUCER_REGS, TMA_CONSUMER_REGS) if num.dense else TMA_DECODE_REGS
     rowb = cfg.BK * ce                                  # 128: one swizzle atom per row
     stage = (cfg.BM + cfg.BN) * rowb + raw              # multiples of 1024 bytes
@@ -83,7 +89,7 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     return dict(dt, threads=128 * (consumers + 1), consumers=consumers, ce=ce, a_bytes=ce,
                 a_decode=False, mma_ptx=mma.ptx, acc_int=mma.acc == "s32", dense=num.dense,
                 b_kmajor=True, rowb=rowb, stage_bytes=stage, raw_bytes=raw, smem=smem,
-                grid_tiles=(cfg.BN, cfg.BM), wgmma=True, tma=True, inflight=1,
+                grid_tiles=(cfg.BN, cfg.BM), wgmma=True, tma=True, inflight=1, promote=promote,
                 target=hw.WGMMA_TARGET[a.name],
                 wgmma_types=hw.WGMMAS[num.mma].types, wgmma_tail=hw.WGMMAS[num.mma].tail,
                 regs=regs if consumers == 2 else None)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from opgen.codegen import planner, render
+from opgen.codegen import hw, planner, render
 from opgen.codegen.resolve import load_spec, shipped_specs
 from opgen.codegen.spec import weight_code
 from opgen.codegen import compiler
@@ -101,11 +101,14 @@ def _check_sm90_kernel(s, cfg, forbidden="LDL|STL"):
 @pytest.mark.parametrize("name", ["fp16", "w8a8_int8", "fp8_e4m3_w8a8"])
 def test_tma_sass_and_resources(name, cluster):
     """The warp-specialized TMA GEMM at its largest tile (two MMA warpgroups
-    of 64 x 256, setmaxnreg) and its smallest: no spills, TMA loads (multicast
-    in clusters), mbarrier waits and wgmma in the SASS, no local memory."""
+    of 64 x 256, setmaxnreg; 64 x 128 where each k-tile's sums are added up
+    apart, fp8: twice the accumulators) and its smallest: no spills, TMA loads
+    (multicast in clusters), mbarrier waits and wgmma in the SASS, no local
+    memory."""
     s = spec(name)
     BK = 64 if s.a.dtype == "float16" else 128          # 128-byte rows
-    for BM, BN, WN in ((128, 256, 256), (64, 64, 64)):
+    wn = 256 if hw.WGMMAS[numerics(s).mma].exact_acc else 128
+    for BM, BN, WN in ((128, wn, wn), (64, 64, 64)):
         _check_sm90_kernel(s, planner.Config("gemm", BM, BN, BK, 64, WN, 4, 1, wgmma=True, tma=True, cluster=cluster))
 
 

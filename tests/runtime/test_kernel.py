@@ -338,6 +338,28 @@ def _run_spec(name):
     return planner.execution_spec(load_spec(shipped_specs()[name]), "sm_90")
 
 
+# Specs whose wgmma sums lose precision over K (hw.Wgmma.exact_acc: fp8).
+INEXACT_WGMMA_SPECS = [n for n in MATMUL_SPECS if not hw.WGMMAS[numerics(_run_spec(n)).mma].exact_acc]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", INEXACT_WGMMA_SPECS)
+def test_long_k_wgmma_matches_reference(name, record):
+    """At K = 57344 one wgmma config of each tile and kind meets the tolerance
+    it meets at K = 1152: each k-tile's sums are added up in fp32
+    (planner.gemm.wgmma_promotes). Summed on the tensor cores alone,
+    fp8_e4m3_w8a8 measured 1.9e-2 at this K against 8.8e-3 allowed."""
+    spec = _run_spec(name)
+    M, N, K = 70, 264, 57344
+    one_each = {}
+    for c in planner.candidates(spec, current_arch(), M, N, K):
+        if c.wgmma:
+            one_each.setdefault((c.BM, c.BN, c.WN, c.tma, c.predecode, c.split_k), c)
+    if not one_each:
+        pytest.skip(f"no wgmma on {current_arch()}")
+    check_all(spec, list(one_each.values()), M, N, K, record)
+
+
 RS_SPECS = [n for n in MATMUL_SPECS
             if any(c.rs for c in planner.candidates(_run_spec(n), "sm_90", 70, 1024, 1024))]
 

@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from opgen.codegen import planner
+from opgen.codegen import hw, planner
+from opgen.codegen.lower import numerics
 from opgen.codegen.resolve import load_spec, shipped_specs
 
 MATMUL = [n for n, p in sorted(shipped_specs().items()) if load_spec(p).op == "matmul"]
@@ -52,3 +53,27 @@ def test_geometry_refusals_name_the_reason():
     assert planner.geometry(spec("fp8_e4m3_w8a8"), planner.Config("gemv"), "sm_80")["scheme"] == "row"
     with pytest.raises(planner.PlanError, match="shared memory"):
         planner.geometry(spec("fp16"), planner.Config("gemm", 128, 128, 64, 64, 32, 16, 1), "sm_86")
+
+
+@pytest.mark.parametrize("name", MATMUL)
+def test_inexact_wgmma_sums_each_k_tile_apart(name):
+    """Where wgmma keeps no full fp32 sum (hw.Wgmma.exact_acc: fp8), every
+    wgmma config of both GEMMs adds each k-tile's sums up in fp32 (promote:
+    nothing kept in flight across tiles), and no config holds more than the
+    two sets of accumulators fit (WN <= 128); elsewhere none does."""
+    s = planner.execution_spec(spec(name), "sm_90")
+    inexact = not hw.WGMMAS[numerics(s).mma].exact_acc
+    wg = [c for c in planner.candidates(s, "sm_90", 256, 4096, 57344) if c.wgmma and not c.rs]
+    for c in wg:
+        g = planner.geometry(s, c, "sm_90")
+        assert g["promote"] == inexact, c.name
+        if inexact:
+            assert c.WN <= 128 and (c.tma or not g["inflight"]), c.name
+    if inexact:
+        assert wg, "fp8 keeps its wgmma configs"
+        wide = [planner.Config("gemm", 64, 256, 128, 64, 256, 4, 1, wgmma=True)]
+        if numerics(s).dense:
+            wide.append(planner.Config("gemm", 128, 256, 128, 64, 256, 4, 1, wgmma=True, tma=True))
+        for c in wide:
+            with pytest.raises(planner.PlanError, match="accumulator"):
+                planner.geometry(s, c, "sm_90")
