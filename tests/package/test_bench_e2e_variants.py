@@ -126,3 +126,17 @@ def test_gpu_each_layer_computes_with_the_weight_it_reports(name):
     mod, real = v.layer(lin)
     assert real.is_cuda and real.shape == (256, 1024)
     assert check_layer(torch, v, mod, real, lin) is None
+
+
+def test_no_linear_keeps_its_input_computed_under_compile():
+    """Inductor drops work whose result nothing reads: the no_linear layer's
+    op must read its input, so the norm before a linear layer stays in the
+    compiled step (torch.empty in forward let it go, and --compile's
+    no_linear timed the step without its norms)."""
+    from torch._inductor.utils import run_and_get_code
+    mod, _ = ev.variant("no_linear").layer(linear(N=48, K=256))
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: mod(torch.sin(x) * 3.0), fullgraph=True)
+    out, code = run_and_get_code(fn, torch.randn(2, 256))
+    assert out.shape == (2, 48)
+    assert any("sin" in c for c in code), "the op's input was not computed"
