@@ -11,7 +11,7 @@ from ..spec import A8_DTYPES, Spec
 from .config import Config, PlanError
 from .gemv import gemv_run
 from .registry import blocks
-from .rs import RS_TILES_M, kernel_class
+from .rs import kernel_class
 from .space import candidates
 
 
@@ -68,6 +68,22 @@ def _tma_score(c: Config, M: int, N: int, sms: int, speed) -> tuple:
     cost = -(-tiles // sms) * c.BM * c.BN / speed[(c.BM, c.BN)]
     return (round(cost), -(c.BM // 64) * (c.BN // c.WN), c.cluster != 1,
             c.raster != (8 if M > c.BM else 0), -c.stages)
+
+
+def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int) -> tuple:
+    """Waves of blocks times one block's work: BN weight rows, each decoded
+    once (decode_rows: that cost in rows of M, hw.Calibration.rs_decode_rows)
+    and multiplied by BM activation rows; then the tallest, widest tile, and
+    the depth, k-groups and ring the tuned winners had with it: 64-deep
+    k-tiles at 256 rows (their registers), 128 weight rows in one k-group of
+    4 stages, 64 in two (four at 16 rows) of 8 stages (6 from 128 rows, 12 at
+    16): docs/performance.md#rs-gemm."""
+    blocks = -(-N // c.BN) * -(-M // c.BM)
+    bk = 64 if c.BM == 256 else 128
+    kgroups, stages = ((1, 4) if c.BN == 128 else (4, 12) if c.BM == 16 else (2, 6) if c.BM >= 128
+                       else (2, 8))
+    return (-(-blocks // sms) * c.BN * (decode_rows + c.BM), -c.BM, -c.BN,
+            c.BK != bk, c.kgroups != kgroups, c.stages != stages)
 
 
 def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] = None,
@@ -135,21 +151,18 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # operands: a sweep; decoded weights: the tuning logs, where a wgmma
     # config won the M = 64 bucket in 48 of 60 records, 1.1-1.9x over the
     # mma.sync pick the heuristic then made): docs/performance.md#gemm.
-    # The rs GEMM (4-bit codes in the interleaved order) from M = 17,
-    # where the tensor-core GEMV stops: at 8192^2 it beat every other kernel
-    # at M = 32-256 (1.4-1.8x the cp.async wgmma GEMM). The winners' shape
-    # in the sweeps: 64 weight rows per block, two k-groups, the m-tile M
-    # rounded up; up to 128 rows 128-deep k-tiles in 8 stages (6 at BM 128),
-    # above them one 256-row m-tile of 64-deep ones in 6; past M = 256, 128
-    # weight rows of one k-group in 4 (the M = 1024 winner at four of the
-    # five shapes): docs/performance.md#rs-gemm.
+    # The rs GEMM (its decodings checked on the device: rs_pickable) from
+    # M = 17, where the tensor-core GEMV stops: at 8192^2 it beat every other
+    # kernel at M = 32-256 (1.4-1.8x the cp.async wgmma GEMM). Its tile by
+    # waves x a block's work (`_rs_score`): at 8192^2 the sweeps' winners
+    # (64 weight rows, the m-tile M rounded up; 128 weight rows past M = 256),
+    # and for narrow layers the smaller m-tiles that fill a wave (Llama-3-8B's
+    # 1024 x 4096 at M = 512: 64 x 64 tiles, 15.6 us, where a 256 x 128 one
+    # took 46.7): docs/performance.md#heuristic.
     rs = [c for c in cands if c.rs]
     if rs and M > 16:
-        bm = next(t for t in RS_TILES_M if t >= min(M, RS_TILES_M[-1]))
-        bn, bk, kgroups, stages = ((128, 64, 1, 4) if M > 256 else (64, 64, 2, 6) if bm > 128
-                                   else (64, 128, 2, 6 if bm == 128 else 8))
-        return min(rs, key=lambda c: (c.BM != bm, c.BN != bn, c.BK != bk, c.kgroups != kgroups,
-                                      c.stages != stages))
+        rows = hw.calibration(arch).rs_decode_rows
+        return min(rs, key=lambda c: _rs_score(c, M, N, sms, rows))
     wg = [c for c in cands if c.wgmma and not c.rs]
     # (a predecode config's GEMM is a dense one)
     dense = dense_op or all(c.predecode for c in cands)

@@ -58,6 +58,20 @@ def test_heuristic_takes_the_rs_gemm_above_16_rows():
     assert planner.heuristic(s, "sm_90", 2048, 8192, 8192).predecode
 
 
+def test_rs_tiles_fill_a_wave_on_narrow_layers():
+    """Narrow layers (Llama-3-8B's k / v and q / o projections) take smaller
+    m-tiles, so that the blocks fill a wave, as their tuned winners did: at
+    1024 x 4096, M = 512, 64 x 64 tiles (15.6 us; the 256 x 128 tile the
+    heuristic took before: 46.7), at 4096 x 4096, M = 256, 128 x 64 (19.3 vs
+    28.7 for 256 x 64); and a wide layer (14336 x 4096) keeps M rounded up."""
+    s = spec("w4a16_sym_g128")
+    for N, K, M, tile in ((1024, 4096, 512, (64, 64)), (1024, 4096, 128, (32, 64)),
+                          (4096, 4096, 256, (128, 64)), (4096, 14336, 512, (256, 64)),
+                          (14336, 4096, 256, (256, 128))):
+        c = planner.heuristic(s, "sm_90", M, N, K, sms=132)
+        assert c.rs and (c.BM, c.BN) == tile, (N, K, M, c.name)
+
+
 @pytest.mark.parametrize("name,start", [("awq_w4a16_g128", 256), ("gptq_v2_w4a16_g128", 256),
                                         ("w1a16_g128", 2048), ("bnb_nf4", 2048), ("mxfp4", 2048),
                                         ("w4a16_sym_g128", 2048), ("gptq_v2_w4a16_g128_repacked", 2048)])
