@@ -11,7 +11,7 @@ from .. import hw
 from ..lower import Layout, Numerics
 from ..spec import Spec
 from .config import Config, PlanError
-from .gemm import check_wgmma, grid, wgmma_promotes
+from .gemm import check_byte_lanes, check_wgmma, grid, wgmma_promotes
 from .launch import Family, TmaBoxes
 from .tiles import STATIC_SMEM_RESERVE, decoded_tile, k_major
 
@@ -57,7 +57,15 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
         # the stage and decodes it into the stage's B tile for the MMA warps.
         if cfg.cluster != 1:
             raise PlanError("tma configs on decoded weights load their own tiles (cluster 1)")
-        dt = decoded_tile(lay, num, cfg.BN, cfg.BK, kmajor=True)
+        if num.widen:
+            # Codes widened to 8-bit q - z for the 8-bit wgmma: their scales
+            # apply to the whole sum, in the epilogue; group scales need the
+            # MMA warps to scale each group's sums (the cp.async GEMM's flush).
+            check_byte_lanes(lay)
+            if num.scale_gran == "group":
+                raise PlanError("widened codes with group scales run on the cp.async GEMM "
+                                "(each group's sums scaled apart)")
+        dt = decoded_tile(lay, num, cfg.BN, cfg.BK, kmajor=True, ce=ce)
         if dt["b_rowb"] % 16:
             raise PlanError(f"raw weight tile rows of {dt['b_rowb']} bytes (TMA boxes need 16+)")
         raw = -(-dt["b_rows"] * dt["b_rowb"] // 1024) * 1024

@@ -191,27 +191,30 @@ A8_SPECS = [n for n in SPECS if spec(n).op == "matmul" and numerics(spec(n)).wid
 @pytest.mark.slow
 @pytest.mark.parametrize("name", A8_SPECS)
 def test_widened_codes_every_config(name):
-    """8-bit activations with sub-byte codes widened to int8 / e4m3 in
-    registers: each kind of config the tuner may time (M = 16, 256, 4096;
-    every tile in its deepest ring, unsplit and most split) compiles with no
-    spills or local memory, the 8-bit tensor-core op (IMMA / IGMMA, QGMMA;
-    e4m3 mma.sync runs as HMMA on sm_90) and cp.async in the SASS, and no
-    serialized wgmma (the group flush reads the accumulators only after
-    wgmma.wait_group 0). (sm_80: the default picks,
-    test_default_sass_and_resources.)"""
+    """8-bit activations with sub-byte codes widened to int8 / e4m3: each
+    kind of config the tuner may time (M = 16, 256, 4096; every tile in its
+    deepest ring, unsplit and most split) compiles with no spills or local
+    memory, the 8-bit tensor-core op (IMMA / IGMMA, QGMMA; e4m3 mma.sync runs
+    as HMMA on sm_90) and cp.async in the SASS (the TMA GEMM's: TMA loads and
+    mbarriers, no cp.async: its producer warpgroup widens the codes, for
+    channel and tensor scales and a float output), and no serialized wgmma
+    (the group flush reads the accumulators only after wgmma.wait_group 0).
+    (sm_80: the default picks, test_default_sass_and_resources.)"""
     s = spec(name)
     cands = {c for M in (16, 256, 4096) for c in planner.candidates(s, "sm_90", M, 8192, 8192)
              if c.family != "gemv" and not c.predecode}     # (test_a8_gemvs, test_a8_predecode)
-    assert len(cands) >= 10 and all(c.family == "gemm" and not c.tma for c in cands)
+    assert len(cands) >= 10 and all(c.family == "gemm" for c in cands)
+    on_tma = numerics(s).scale_gran != "group" and s.out.dtype != "int32"
+    assert any(c.tma for c in cands) == on_tma, name
     kinds = {}
     for c in cands:
-        kinds.setdefault((c.BM, c.BN, c.BK, c.WM, c.WN, c.wgmma, c.min_blocks), []).append(c)
+        kinds.setdefault((c.BM, c.BN, c.BK, c.WM, c.WN, c.wgmma, c.tma, c.min_blocks), []).append(c)
     cfgs = {max(cs, key=lambda c: (c.split_k == 1, c.stages)) for cs in kinds.values()} | \
            {max(cs, key=lambda c: (c.split_k, c.stages)) for cs in kinds.values()}
     for cfg in sorted(cfgs, key=lambda c: c.name):
         log = compiler.compile_kernel(s, cfg, "sm_90").log
         assert "C7513" not in log and "C7514" not in log, f"{cfg.name}: wgmma serialized"
-        _check_sm90_kernel(s, cfg)
+        _check_sm90_kernel(s, cfg, forbidden="LDL|STL|LDGSTS" if cfg.tma else "LDL|STL")
 
 
 A8_GEMV_SPECS = [n for n in SPECS if spec(n).op == "matmul" and spec(n).a.dtype in ("int8", "float8_e4m3")
