@@ -69,3 +69,18 @@ def test_tma_rules():
         assert cands and all(c.cluster == 1 or M > c.BM for c in cands)
         assert all(not c.raster or M > c.BM * c.cluster for c in cands)
         assert any(c.cluster == 2 for c in cands) == (M > 64)
+
+
+def test_widened_codes_on_the_tma_gemm():
+    """8-bit activations with sub-byte codes: the producer warpgroup widens
+    them into an int8 B tile of 128-byte rows (the int8 wgmma's), for
+    channel and tensor scales; group scales and the int32 output stay on the
+    cp.async GEMM, which scales each group's sums / stores the raw sums."""
+    cfg = planner.Config("gemm", 128, 128, 128, 64, 128, 4, 1, wgmma=True, tma=True)
+    for name in ("w4a8_int8", "bitnet_b158_a8"):
+        s = planner.execution_spec(spec(name), "sm_90")
+        g = planner.geometry(s, cfg, "sm_90")
+        assert not g["dense"] and g["acc_int"] and g["bs_rowb"] == 128 and g["rowb"] == 128, name
+    for name, why in (("w4a8_int8_g128", "group scales"), ("int8_int4_int32", "int32")):
+        with pytest.raises(planner.PlanError, match=why):
+            planner.geometry(planner.execution_spec(spec(name), "sm_90"), cfg, "sm_90")
