@@ -163,6 +163,10 @@ class Calibration:
     # What decoding one weight row costs an rs GEMM block, in rows of M it
     # multiplies that row by (planner.heuristic's rs tile score).
     rs_decode_rows: int = 64
+    # The rs GEMM kernels (planner.rs.kernel_class) the heuristic takes from
+    # M = 9 instead of the tensor-core GEMV on layers wide enough to fill the
+    # SMs with 64-row blocks.
+    rs_from_m9: FrozenSet[str] = frozenset()
 
 
 H200 = Calibration(
@@ -225,6 +229,12 @@ H200 = Calibration(
     # other rs specs at the bench's and Llama-3-8B's shapes); 32-256 give
     # 111-116, 0 gives 83. Source: docs/performance.md#heuristic
     rs_decode_rows=64,
+    # The 4-bit interleaved decodings: at M = 9-16 their rs GEMM won 13 of
+    # 15 records where N / 64 >= 0.85 x the SMs (1.22-2.17x over the
+    # heuristic's tensor-core GEMV) and lost 3 of 3 below (by <= 1.09x where
+    # the rule misses). The other decodings won 1 of 40 there.
+    # Source: docs/performance.md#heuristic
+    rs_from_m9=frozenset({"magic/halves/float16", "magic_int_zero/halves/float16"}),
 )
 CALIBRATION = {"H200": H200}
 

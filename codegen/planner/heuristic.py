@@ -75,21 +75,33 @@ def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int) -> tuple:
     once (decode_rows: that cost in rows of M, hw.Calibration.rs_decode_rows)
     and multiplied by BM activation rows; then the tallest, widest tile, and
     the depth, k-groups and ring the tuned winners had with it: 64-deep
-    k-tiles at 256 rows (their registers), 128 weight rows in one k-group of
-    4 stages, 64 in two (four at 16 rows) of 8 stages (6 from 128 rows, 12 at
-    16): docs/performance.md#rs-gemm."""
+    k-tiles at 256 rows (their registers); 128 weight rows in one k-group of
+    4 stages from 128 rows, else two of 8 (12 at 16 rows); 64 weight rows in
+    two k-groups (four at 16 rows) of 8 stages (6 from 128 rows, 12 at 16):
+    docs/performance.md#heuristic."""
     blocks = -(-N // c.BN) * -(-M // c.BM)
     bk = 64 if c.BM == 256 else 128
-    kgroups, stages = ((1, 4) if c.BN == 128 else (4, 12) if c.BM == 16 else (2, 6) if c.BM >= 128
-                       else (2, 8))
+    if c.BN == 128:
+        kgroups, stages = (1, 4) if c.BM >= 128 else (2, 12 if c.BM == 16 else 8)
+    else:
+        kgroups, stages = (4, 12) if c.BM == 16 else (2, 6) if c.BM >= 128 else (2, 8)
     return (-(-blocks // sms) * c.BN * (decode_rows + c.BM), -c.BM, -c.BN,
             c.BK != bk, c.kgroups != kgroups, c.stages != stages)
+
+
+def rs_from_m9(spec: Spec, arch: str, N: int, sms: int) -> bool:
+    """Whether the heuristic takes spec's rs GEMM at M = 9-16 instead of the
+    tensor-core GEMV: for the decodings that won there (hw.Calibration.rs_from_m9),
+    on layers whose 64-row blocks fill 0.85 of the SMs in one m-tile."""
+    return (rs_pickable(spec, arch) and kernel_class(spec, arch) in hw.calibration(arch).rs_from_m9
+            and -(-N // 64) >= 0.85 * sms)
 
 
 def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] = None,
               exclude: FrozenSet[Config] = frozenset()) -> Config:
     """A reasonable pick without tuning: for weights stored [N, K] and
-    M = 2-16 the tensor-core GEMV; for decode (M <= 4) the GEMV whose
+    M = 2-16 the tensor-core GEMV (M = 9-16 on wide layers: the rs GEMM of
+    the decodings in `rs_from_m9`); for decode (M <= 4) the GEMV whose
     grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
     then the fewest split-K slices, the most columns per warp and the widest
     loads; decoded weights from `predecode_from` on a predecode config; for
@@ -110,6 +122,9 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
         raise PlanError(f"{spec.name}: no kernel configuration fits M={M} N={N} K={K} on {arch} "
                         f"once {len(exclude)} excluded ones are left out")
     tc = [c for c in cands if c.tc]
+    rs = [c for c in cands if c.rs]
+    if 9 <= M <= 16 and rs and rs_from_m9(spec, arch, N, sms):
+        return min(rs, key=lambda c: _rs_score(c, M, N, sms, hw.calibration(arch).rs_decode_rows))
     if 2 <= M <= 16 and tc:
         # Measured (w4a16_sym 8192^2): M = 4 19.7 us, M = 16 28.8 us (the
         # mma.sync GEMM: 37 us): docs/performance.md#tensor-core-gemv. The
@@ -152,7 +167,8 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # config won the M = 64 bucket in 48 of 60 records, 1.1-1.9x over the
     # mma.sync pick the heuristic then made): docs/performance.md#gemm.
     # The rs GEMM (its decodings checked on the device: rs_pickable) from
-    # M = 17, where the tensor-core GEMV stops: at 8192^2 it beat every other
+    # M = 17, where the tensor-core GEMV stops (from 9 on wide layers for
+    # the 4-bit interleaved decodings: rs_from_m9): at 8192^2 it beat every other
     # kernel at M = 32-256 (1.4-1.8x the cp.async wgmma GEMM). Its tile by
     # waves x a block's work (`_rs_score`): at 8192^2 the sweeps' winners
     # (64 weight rows, the m-tile M rounded up; 128 weight rows past M = 256),

@@ -66,11 +66,12 @@ def test_tensor_core_gemv_rules():
     assert not planner.shape_ok(planner.geometry(s, half, "sm_90"), half, 8192, 8192)
     with pytest.raises(planner.PlanError, match="at most 16 rows"):
         planner.geometry(s, planner.Config("gemv", mmax=32, tc=True), "sm_90")
-    # the heuristic takes it from M = 2 to 16 (measured faster at M = 4), not at M = 1
+    # the heuristic takes it from M = 2 to 16 (measured faster at M = 4), not
+    # at M = 1, nor at 9-16 where w4a16_sym's rs GEMM fills the SMs (planner.heuristic.rs_from_m9)
     assert not planner.heuristic(s, "sm_90", 1, 8192, 8192).tc
-    for M in (2, 4, 16):
-        pick = planner.heuristic(s, "sm_90", M, 8192, 8192)
-        assert pick.tc and pick.mmax >= M and planner.blocks(s, pick, M, 8192) >= 15 * 132 // 8
+    for M, N in ((2, 8192), (4, 8192), (8, 8192), (16, 4096)):
+        pick = planner.heuristic(s, "sm_90", M, N, 8192)
+        assert pick.tc and pick.mmax >= M and planner.blocks(s, pick, M, N) >= 15 * 132 // 8
 
 
 def test_8_bit_activations_are_staged_as_fp16_values():
