@@ -13,7 +13,10 @@
 #   bash bench/gpu_run.sh tune [SPEC...]           opgen tune at the bench's shapes and Ms (8192^2
 #                                                  first) into $OUT/nvidia_h200.json, started from a
 #                                                  copy of the shipped DB (FRESH=1: empty); no SPEC:
-#                                                  every shipped spec. MS=16,64 narrows the Ms.
+#                                                  every shipped spec. MS=16,64 narrows the Ms. It
+#                                                  skips the pairs whose records were tuned among
+#                                                  today's candidates: after a call cut short, copy
+#                                                  its DB over the shipped one and call again.
 #                                                  The shipped DB is that file:
 #                                                  cp $OUT/nvidia_h200.json opgen/data/tuning/nvidia_h200.json
 #   bash bench/gpu_run.sh models [MODEL...]         opgen tune --model of each shipped model given (default:

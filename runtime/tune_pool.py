@@ -126,7 +126,8 @@ def device_here(arch: Optional[str] = None) -> Tuple[str, str]:
 def plan_tasks(pairs: Sequence[Tuple[object, int, int]], Ms, db,
                force: bool = False) -> List[Task]:
     """A Task per (spec, N, K), each with the (arch, device)s the user DB
-    already serves every bucket of Ms for (none with force).  db: a
+    already serves every bucket of Ms for, tuned among the candidates the
+    planner offers today (tuner.tuned_among_current; none with force).  db: a
     TuningDB or a path (None: the default).  Only the user file counts: a
     shipped record is no reason not to measure."""
     with warnings.catch_warnings():      # a second M of a bucket: tune_many says so
@@ -146,10 +147,13 @@ def plan_tasks(pairs: Sequence[Tuple[object, int, int]], Ms, db,
         done = set()
         for arch, dev in seen.get((int(N), int(K)), ()):
             try:
-                key = make_key(planner.execution_spec(spec, arch), N, K, arch=arch, device=dev)
+                run = planner.execution_spec(spec, arch)
+                key = make_key(run, N, K, arch=arch, device=dev)
             except Exception:        # an arch this spec cannot run on: not done there
                 continue
-            if buckets <= set(user.lookup_all(key)):
+            recs = user.lookup_all(key)
+            if buckets <= set(recs) and all(tuner.tuned_among_current(run, arch, int(N), int(K), recs[b])
+                                            for b in buckets):
                 done.add((arch, dev))
         tasks.append(Task(i, spec, int(N), int(K), frozenset(done)))
     return tasks

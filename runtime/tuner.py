@@ -37,6 +37,7 @@ tests replace.  `opgen tune` (opgen/cli/tune.py) is the command line.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -194,6 +195,23 @@ def _plan_pairs(specs, shapes, Ms, arch, device_name, nvrtc) -> List[_Pair]:
 
 def _name(cfg) -> str:
     return str(getattr(cfg, "name", cfg))
+
+
+def candidates_digest(cands) -> str:
+    """The fingerprint of the configs a bucket was tuned among (their names,
+    in any order): its record's winner is the best of those only."""
+    return hashlib.sha256("\n".join(sorted(_name(c) for c in cands)).encode()).hexdigest()[:16]
+
+
+def tuned_among_current(spec, arch: str, N: int, K: int, record) -> bool:
+    """Whether record was tuned among the candidates the planner offers for
+    its M today: a planner that offers others since (new kernels, new tiles)
+    makes it worth tuning again (tune_pool.plan_tasks). A record without the
+    fingerprint (tuned before it was kept) was not."""
+    try:
+        return record.get("candidates") == candidates_digest(_candidates(spec, arch, record["M"], N, K))
+    except Exception:                # a spec or M the planner refuses now
+        return False
 
 
 # --- tuning ----------------------------------------------------------------------------
@@ -418,7 +436,8 @@ def _tune_bucket(trials: _Trials, pair: _Pair, plan: _BucketPlan, compiled, prog
     prog.end()
     runner_up = sorted(t.median_us for c, t in final.items()
                        if c != best and not verdicts.failed(c))[:N_RUNNER_UP]
-    extra = {"rel_err": float(f"{verdicts.seen[best][1]:.3g}"), "ranked": len(quick)}
+    extra = {"rel_err": float(f"{verdicts.seen[best][1]:.3g}"), "ranked": len(quick),
+             "candidates": candidates_digest(plan.candidates)}
     if verdicts.rejected:
         extra["rejected"] = [n for n, _ in verdicts.rejected]
     return make_record(best.to_dict(), final[best].median_us, M=plan.M, runner_up_us=runner_up,

@@ -11,8 +11,9 @@ import sys
 import warnings
 from typing import List
 
-from ..runtime.tuning_db import (ENV_VAR, DBKey, Record, TuningDB, TuningDBError, record_status,
-                                 speedup, stale)
+from ..runtime.tuner import tuned_among_current
+from ..runtime.tuning_db import (ENV_VAR, DBKey, Record, TuningDB, TuningDBError, definition_of,
+                                 record_status, speedup, stale)
 from .command import Command
 from .table import format_table
 
@@ -29,7 +30,9 @@ def _db_args(p: argparse.ArgumentParser) -> None:
     show.add_argument("--no-shipped", action="store_true", help="hide the shipped DBs")
     show.add_argument("--check", action="store_true",
                       help="render each record's config and say whether it is served (its "
-                           "source is what it was measured on) or why not")
+                           "source is what it was measured on) or why not, and whether it was "
+                           "tuned among the candidates the planner offers today (`opgen tune` "
+                           "redoes those that were not)")
     show.set_defaults(db_run=cmd_show)
 
     prune = sub.add_parser(
@@ -92,15 +95,27 @@ def cmd_show(args: argparse.Namespace) -> int:
         row = [e.source, k.spec, k.spec_hash[:8], k.device, k.arch, k.N, k.K, e.bucket,
                r.get("M"), config_label(r), float(r["median_us"]), r.get("heuristic_us"),
                speedup(r), r.get("nvrtc")]
-        rows.append(row + ([record_status(e.key, r)] if args.check else []))
+        rows.append(row + (_check(k, e.key, r) if args.check else []))
     print(f"tuning DB: {db.path}" + ("" if db.path.exists() else " (no file yet)"))
     if not rows:
         print("no records" + (f" for spec {args.spec}" if args.spec else ""))
     else:
         print(format_table(["source", "spec", "hash", "device", "arch", "N", "K", "bucket", "M",
                             "config", "us", "heur us", "speedup", "nvrtc"]
-                           + (["status"] if args.check else []), rows))
+                           + (["status", "candidates"] if args.check else []), rows))
     return _report(db.problems())
+
+
+def _check(k: DBKey, key: str, r: Record) -> List[str]:
+    """[whether the record is served, whether it was tuned among today's
+    candidates: "same", "changed" (or "unknown": tuned before records kept
+    that), "-" where it is not served]."""
+    status = record_status(key, r)
+    spec = definition_of(k)
+    if status != "current" or spec is None:
+        return [status, "-"]
+    same = tuned_among_current(spec, k.arch, k.N, k.K, r)
+    return [status, "same" if same else "changed" if "candidates" in r else "unknown"]
 
 
 def cmd_prune(args: argparse.Namespace) -> int:

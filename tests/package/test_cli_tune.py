@@ -236,7 +236,9 @@ def test_ray_and_gpus_exclusive(capsys, monkeypatch):
 
 def test_rerun_skips_what_the_db_has_for_this_gpu(capsys, monkeypatch, tmp_path):
     """In process (one GPU): a pair whose every requested bucket the DB has
-    for this GPU is skipped; --force tunes it again."""
+    for this GPU, tuned among today's candidates, is skipped; --force tunes
+    it again, and so does a record tuned among other candidates (a planner
+    that offers new kernels since) or before records kept their fingerprint."""
     calls = _record_calls(monkeypatch)
     monkeypatch.setattr(tune_pool, "device_here", lambda arch=None: ("sm_90", "Fake GPU"))
     monkeypatch.setattr(tuning_db, "rendered_hash", lambda key, config: "src")
@@ -244,9 +246,22 @@ def test_rerun_skips_what_the_db_has_for_this_gpu(capsys, monkeypatch, tmp_path)
     [gptq] = matmul_specs(["gptq_v2_w4a16_g128"])
     key = make_key(planner.execution_spec(gptq, "sm_90"), 4096, 4096, arch="sm_90",
                    device="Fake GPU")
-    TuningDB(db, shipped=False).put_many(
-        (key, b, make_record({"name": "x"}, 1.0, M=M, source_hash="src"))
-        for b, M in (("1", 1), ("9-16", 16)))
+    run = planner.execution_spec(gptq, "sm_90")
+
+    def store(**fingerprint):
+        TuningDB(db, shipped=False).put_many(
+            (key, b, make_record({"name": "x"}, 1.0, M=M, source_hash="src", **{
+                k: v(M) for k, v in fingerprint.items()}))
+            for b, M in (("1", 1), ("9-16", 16)))
+    now = lambda M: tuner.candidates_digest(tuner._candidates(run, "sm_90", M, 4096, 4096))
+    for stale in ({}, {"candidates": lambda M: "0" * 16}):
+        store(**stale)
+        calls.clear()
+        assert main(["tune", "gptq_v2_w4a16_g128", "--shapes", "4096x4096", "--M", "1,16",
+                     "--db", str(db)]) == 0
+        assert [c[:2] for c in calls] == [(["gptq_v2_w4a16_g128"], [(4096, 4096)])], stale
+    store(candidates=now)
+    calls.clear()
     argv = ["tune", "gptq_v2_w4a16_g128", "bnb_nf4", "--shapes", "4096x4096,8192x8192",
             "--M", "1,16", "--db", str(db)]
     assert main(argv) == 0

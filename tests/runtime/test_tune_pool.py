@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from opgen.runtime import tune_pool, tuning_db
+from opgen.runtime import tune_pool, tuner, tuning_db
 from opgen.runtime.progress import Progress
 from opgen.runtime.tune_pool import LocalWorkers, Task, plan_tasks, tune_pairs
 from opgen.runtime.tuning_db import TuningDB
 
-from compile_fakes import fake_spec
+from compile_fakes import FakeConfig, fake_spec
 from tune_pool_fakes import DIE, FakeTuner, InProcess
 
 A, B = "Fake GPU A", "Fake GPU B"
@@ -25,8 +25,10 @@ BUCKETS = {"1", "9-16"}
 
 @pytest.fixture(autouse=True)
 def fake_hash(monkeypatch):
-    # the driver's resume check renders records' configs: fake ones do not render
+    # the driver's resume check renders records' configs and lists the
+    # candidates they were tuned among: as the workers' fakes do
     monkeypatch.setattr(tuning_db, "rendered_hash", lambda key, config: f"src-{config['name']}")
+    monkeypatch.setattr(tuner, "_candidates", lambda spec, arch, M, N, K: [FakeConfig("a"), FakeConfig("b")])
 
 
 def stored(path):

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from opgen.codegen.errors import UserError
-from opgen.runtime import tune_ray, tuning_db
+from opgen.runtime import tune_ray, tuner, tuning_db
 from opgen.runtime.tune_pool import tune_pairs
 from opgen.runtime.tune_ray import RayWorkers
 from opgen.runtime.tuning_db import DBKey, TuningDB
 
-from compile_fakes import fake_spec
+from compile_fakes import FakeConfig, fake_spec
 from tune_pool_fakes import DIE, FakeTuner
 
 A, B = "Fake GPU A", "Fake GPU B"
@@ -34,7 +34,9 @@ def ray():
 
 @pytest.fixture(autouse=True)
 def fake_hash(monkeypatch):
+    # the driver's resume check, as the workers' fakes see records and candidates
     monkeypatch.setattr(tuning_db, "rendered_hash", lambda key, config: f"src-{config['name']}")
+    monkeypatch.setattr(tuner, "_candidates", lambda spec, arch, M, N, K: [FakeConfig("a"), FakeConfig("b")])
 
 
 def run(pairs, db, **kw):
