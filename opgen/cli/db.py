@@ -12,8 +12,8 @@ import warnings
 from typing import List
 
 from ..runtime.tuner import tuned_among_current
-from ..runtime.tuning_db import (ENV_VAR, DBKey, Record, TuningDB, TuningDBError, definition_of,
-                                 record_status, speedup, stale)
+from ..runtime.tuning_db import (CURRENT, ENV_VAR, DBKey, Record, TuningDB, TuningDBError,
+                                 definition_of, record_status, speedup, stale)
 from .command import Command
 from .table import format_table
 
@@ -112,7 +112,7 @@ def _check(k: DBKey, key: str, r: Record) -> List[str]:
     that), "-" where it is not served]."""
     status = record_status(key, r)
     spec = definition_of(k)
-    if status != "current" or spec is None:
+    if status != CURRENT or spec is None:
         return [status, "-"]
     same = tuned_among_current(spec, k.arch, k.N, k.K, r)
     return [status, "same" if same else "changed" if "candidates" in r else "unknown"]
