@@ -224,10 +224,13 @@ def test_a_tuned_config_that_does_not_compile_falls_back_to_the_heuristic(monkey
     monkeypatch.setattr("opgen.runtime.op.make_key",
                         lambda spec, N, K, arch: make_key(spec, N, K, arch=arch, device="NVIDIA H200"))
     op = opgen.load("w4a16_sym_g128", N=8192, K=8192, arch="sm_90")
-    tuned = op.choose("9-16")
-    assert op.sources["9-16"] == "db"
-    heur = op.choose("9-16", from_db=False)
-    assert heur != tuned
+    # a bucket whose tuned winner is not the heuristic's pick
+    bucket, M = next((b, M) for b, M in (("2-4", 4), ("17-32", 32), ("33-64", 64), ("65-128", 128),
+                                         ("129-256", 256), ("257-512", 512))
+                     if op.choose(b) != op.choose(b, from_db=False))
+    tuned = op.choose(bucket)
+    assert op.sources[bucket] == "db"
+    heur = op.choose(bucket, from_db=False)
     made = []
 
     def fake_kernel(spec, cfg, arch, pdl=False):
@@ -237,7 +240,7 @@ def test_a_tuned_config_that_does_not_compile_falls_back_to_the_heuristic(monkey
         return cfg
     monkeypatch.setattr("opgen.runtime.op.Kernel", fake_kernel)
     with pytest.warns(UserWarning, match="does not compile here"):
-        assert op.kernel_for(16) == heur
+        assert op.kernel_for(M) == heur
     assert made == [heur]
 
 @pytest.mark.parametrize("kw,match", [
