@@ -224,10 +224,10 @@ H200 = Calibration(
                            "magic/pairs/float16", "magic_cvt_scale/pairs/float16",
                            "table_cvt_scale/pairs/float16", "magic_float_zero_minus_z/pairs/float16",
                            "e4m3_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16"}),
-    # Fitted to the tuned records: with it the heuristic's rs tile is the
-    # winner's in 116 of 127 rs records of the shipped DB (the 4-bit, NF4 and
-    # other rs specs at the bench's and Llama-3-8B's shapes); 32-256 give
-    # 111-116, 0 gives 83. Source: docs/performance.md#heuristic
+    # Fitted to the tuned records (the rs specs at the bench's and
+    # Llama-3-8B's shapes): with it the heuristic's rs tile is the winner's
+    # in 132 of the shipped DB's 143 rs records; 32-256 do nearly as well, 0
+    # (waves x tile area alone) much worse. Source: docs/performance.md#heuristic
     rs_decode_rows=64,
     # The 4-bit interleaved decodings: at M = 9-16 their rs GEMM won 13 of
     # 15 records where N / 64 >= 0.85 x the SMs (1.22-2.17x over the

@@ -123,8 +123,9 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
                         f"once {len(exclude)} excluded ones are left out")
     tc = [c for c in cands if c.tc]
     rs = [c for c in cands if c.rs]
+    rows = hw.calibration(arch).rs_decode_rows
     if 9 <= M <= 16 and rs and rs_from_m9(spec, arch, N, sms):
-        return min(rs, key=lambda c: _rs_score(c, M, N, sms, hw.calibration(arch).rs_decode_rows))
+        return min(rs, key=lambda c: _rs_score(c, M, N, sms, rows))
     if 2 <= M <= 16 and tc:
         # Measured (w4a16_sym 8192^2): M = 4 19.7 us, M = 16 28.8 us (the
         # mma.sync GEMM: 37 us): docs/performance.md#tensor-core-gemv. The
@@ -175,9 +176,8 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # and for narrow layers the smaller m-tiles that fill a wave (Llama-3-8B's
     # 1024 x 4096 at M = 512: 64 x 64 tiles, 15.6 us, where a 256 x 128 one
     # took 46.7): docs/performance.md#heuristic.
-    rs = [c for c in cands if c.rs]
+    rs = [c for c in cands if c.rs]          # (cands: predecode's or not, above)
     if rs and M > 16:
-        rows = hw.calibration(arch).rs_decode_rows
         return min(rs, key=lambda c: _rs_score(c, M, N, sms, rows))
     wg = [c for c in cands if c.wgmma and not c.rs]
     # (a predecode config's GEMM is a dense one)
