@@ -19,8 +19,9 @@ from opgen.bench.e2e_variants import variant
 def profile(name: str, model, batch: int, compile_step: bool, steps: int, top: int) -> None:
     import torch
     v = variant(name)
-    if v.unavailable(torch.device("cuda")):
-        print(f"## {name}: {v.unavailable(torch.device('cuda'))}")
+    why = v.unavailable(torch.device("cuda"))
+    if why:
+        print(f"## {name}: {why}")
         return
     mods = {n: v.layer(model.get_submodule(n))[0] for n in em.linear_names(model)}
     prompt = torch.randint(0, model.config.vocab_size, (batch, 128), device="cuda")

@@ -33,7 +33,7 @@ from torch import nn
 from . import checkpoints as ck
 from .codegen import quantize_weight
 from .codegen import reference as R
-from .codegen.planner import check_shape, execution_spec
+from .codegen.planner import PlanError, check_shape, execution_spec
 from .codegen.spec import Spec
 from .codegen.resolve import as_spec
 from .codegen.transcode import transcode
@@ -352,7 +352,7 @@ class QuantLinear(nn.Module):
         a_scale = None
         if spec.a.dtype in _FLOAT:
             a = a.to(_FLOAT[spec.a.dtype]).contiguous()
-        elif a.dtype in (torch.float16, torch.bfloat16) and self.in_features % 8 == 0:
+        elif a.dtype in self.quantize_handles:
             a, a_scale = quantize(a, self.quantize_handles[a.dtype])
         else:                   # inputs the quantize kernel does not take
             a, a_scale = quantize_activation(a, spec.a.dtype)
@@ -366,11 +366,21 @@ class QuantLinear(nn.Module):
     def _register_handles(self) -> None:
         """The registry handles of this layer's matmul and, for 8-bit
         activations, of the quantizers of fp16 and bf16 inputs into them
+        where the quantize kernel takes rows of K (planner.check_shape)
         (looked up, not made, in forward: torch.compile traces it)."""
         self.handle = handle_for(self.kernel_spec, self.out_features, self.in_features)
-        self.quantize_handles = {} if self.spec.a.dtype in _FLOAT else {
-            dt: handle_for(quantize_spec(self.spec, name), 0, self.in_features)
-            for name, dt in _FLOAT.items() if dt != torch.float32}
+        self.quantize_handles = {}
+        if self.spec.a.dtype in _FLOAT:
+            return
+        for name, dt in _FLOAT.items():
+            if dt == torch.float32:
+                continue
+            q = quantize_spec(self.spec, name)
+            try:
+                check_shape(q, K=self.in_features)
+            except PlanError:
+                continue
+            self.quantize_handles[dt] = handle_for(q, 0, self.in_features)
 
     def extra_repr(self) -> str:
         layout = "" if self.kernel_spec is self.spec else f", layout={self.kernel_spec.name}"

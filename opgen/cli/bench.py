@@ -122,9 +122,8 @@ def e2e_plan(args: argparse.Namespace) -> e2e.Plan:
     """The --e2e run's plan from the options (UserError names a bad one)."""
     stray = _given(args, KERNEL_ONLY)
     if stray:
-        raise UserError(f"{', '.join(stray)}: kernel-bench options; --e2e takes --model, --layers, "
-                        "--batches, --prompt, --new-tokens, --variants, --repeats, --no-accuracy, "
-                        "--compile, --load-time")
+        raise UserError(f"{', '.join(stray)}: kernel-bench options; --e2e takes "
+                        + ", ".join("--" + n.replace("_", "-") for n in E2E_ONLY))
     name = args.model or e2e.DEFAULT_MODEL
     config, source = e2e_model.model_config(name, args.layers)
     variants = args.variants or list(DEFAULT_VARIANTS)
