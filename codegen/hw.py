@@ -9,7 +9,7 @@ code. Each measured constant names where its evidence is told
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import FrozenSet, Mapping, Tuple
 
 # The most registers ptxas gives one thread, and threads one block may have.
@@ -167,6 +167,16 @@ class Calibration:
     # M = 9 instead of the tensor-core GEMV on layers wide enough to fill the
     # SMs with 64-row blocks.
     rs_from_m9: FrozenSet[str] = frozenset()
+    # The share of the SMs those 64-row blocks must fill (one m-tile).
+    rs_from_m9_fill: float = 0.85
+    # By rs GEMM kernel (planner.rs.kernel_class): the share of the SMs its
+    # blocks must fill at M = 17-32, below which it gives way to the split-K
+    # GEMM (narrow layers).
+    rs_min_fill: Mapping[str, float] = field(default_factory=dict)
+    # Warps per SM up to which a split-K GEMV's grid counts as filling the
+    # device: splitting pays a reduction, so it only wins where the whole-K
+    # grid leaves the SMs with fewer warps than this.
+    gemv_split_fill_warps: int = 12
 
 
 H200 = Calibration(
@@ -231,10 +241,25 @@ H200 = Calibration(
     rs_decode_rows=64,
     # The 4-bit interleaved decodings: at M = 9-16 their rs GEMM won 13 of
     # 15 records where N / 64 >= 0.85 x the SMs (1.22-2.17x over the
-    # heuristic's tensor-core GEMV) and lost 3 of 3 below (by <= 1.09x where
-    # the rule misses). The other decodings won 1 of 40 there.
+    # heuristic's tensor-core GEMV). The other decodings won 1 of 40 there.
     # Source: docs/performance.md#heuristic
     rs_from_m9=frozenset({"magic/halves/float16", "magic_int_zero/halves/float16"}),
+    # They won at N = 5120 too (0.61 x the SMs: Qwen2.5-14B, tuned on an
+    # H100) by 1.25x and 1.58x; at N = 4096 and 1024 (0.48 x and below) the
+    # GEMV won 2 of 3 (the rule misses the third by 1.09x).
+    # Source: docs/performance.md#heuristic
+    rs_from_m9_fill=0.6,
+    # NF4 on 1024-row layers at M = 17-32 (0.24 x the SMs in rs blocks):
+    # the split-K mma.sync GEMM beat its rs GEMM by 1.65x and 1.75x (H100,
+    # H200; at M = 33-64 a split-K wgmma one by 1.37-1.66x, which the
+    # heuristic's GEMM rules do not pick yet); the 4-bit interleaved
+    # decodings' rs GEMM held there. The others: not measured.
+    # Source: docs/performance.md#heuristic
+    rs_min_fill={"table_cvt_scale/pairs/float16": 0.5},
+    # At M = 1 on 1024-row layers (6-8 warps per SM unsplit) the whole-K GEMV
+    # beat the split-in-two one by 1.49-1.56x (4 records: H200 and H100).
+    # Source: docs/performance.md#heuristic
+    gemv_split_fill_warps=6,
 )
 CALIBRATION = {"H200": H200}
 

@@ -92,9 +92,20 @@ def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int) -> tuple:
 def rs_from_m9(spec: Spec, arch: str, N: int, sms: int) -> bool:
     """Whether the heuristic takes spec's rs GEMM at M = 9-16 instead of the
     tensor-core GEMV: for the decodings that won there (hw.Calibration.rs_from_m9),
-    on layers whose 64-row blocks fill 0.85 of the SMs in one m-tile."""
-    return (rs_pickable(spec, arch) and kernel_class(spec, arch) in hw.calibration(arch).rs_from_m9
-            and -(-N // 64) >= 0.85 * sms)
+    on layers whose 64-row blocks fill enough of the SMs in one m-tile
+    (hw.Calibration.rs_from_m9_fill)."""
+    cal = hw.calibration(arch)
+    return (rs_pickable(spec, arch) and kernel_class(spec, arch) in cal.rs_from_m9
+            and -(-N // 64) >= cal.rs_from_m9_fill * sms)
+
+
+def _rs_starved(spec: Spec, c: Config, M: int, N: int, sms: int, arch: str) -> bool:
+    """Whether the rs GEMM c leaves too many SMs idle for its decoding, up
+    to M = 32: the decodings with a minimum share of SMs
+    (hw.Calibration.rs_min_fill: NF4's table lookups) on narrow layers,
+    where the split-K mma.sync GEMM keeps every SM decoding."""
+    fill = hw.calibration(arch).rs_min_fill.get(kernel_class(spec, arch), 0.0)
+    return M <= 32 and -(-N // c.BN) * -(-M // c.BM) < fill * sms
 
 
 def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] = None,
@@ -135,15 +146,26 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
         return min(tc, key=tscore)
     gemv = [c for c in cands if c.family == "gemv" and not c.tc]
     if M <= 4 and gemv:
+        # A grid fills the device at 12 warps per SM (gemv_fill); a split-K
+        # one's warps count only up to gemv_split_fill_warps per SM on [N, K]
+        # weights (its reduction costs more than more warps bring above
+        # that; the column GEMV of weights stored [K, N] splits K as before:
+        # its tuned winners split it 2-16 ways).
+        fill_warps = 12
+        split_fill = (hw.calibration(arch).gemv_split_fill_warps
+                      if weight_layout(spec).row_axis == "n" else fill_warps)
+        table = numerics(spec).code_kind == "table"
+
         def gscore(c: Config):
             warps, idle = gemv_fill(spec, c, arch, M, N, K)
             # Then: no split-K, the most columns per warp (activations read
             # once for all of them), the widest loads; prefetch with 16-byte
             # vectors (w8 c4 v16 s1 3-8 % faster for every row spec; with
-            # 8-byte ones 1-bit codes took 255 registers and lost 24 %:
-            # docs/performance.md#gemv).
-            return (-min(warps, 12 * sms), idle > 0, c.split_k, -c.cols, -c.vbytes, c.warps != 8,
-                    c.prefetch != (c.vbytes == 16))
+            # 8-byte ones 1-bit codes took 255 registers and lost 24 %; with
+            # codebook lookups NF4 lost 13-17 %: docs/performance.md#gemv).
+            fill = fill_warps if c.split_k == 1 else split_fill
+            return (-min(warps, fill * sms), idle > 0, c.split_k, -c.cols, -c.vbytes, c.warps != 8,
+                    c.prefetch != (c.vbytes == 16 and not table))
         return min(gemv, key=gscore)
 
     # Large M: decode the weights once, then the dense GEMM.
@@ -178,7 +200,10 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # took 46.7): docs/performance.md#heuristic.
     rs = [c for c in cands if c.rs]          # (cands: predecode's or not, above)
     if rs and M > 16:
-        return min(rs, key=lambda c: _rs_score(c, M, N, sms, rows))
+        pick = min(rs, key=lambda c: _rs_score(c, M, N, sms, rows))
+        if not _rs_starved(spec, pick, M, N, sms, arch):
+            return pick
+        cands = [c for c in cands if not c.rs]
     wg = [c for c in cands if c.wgmma and not c.rs]
     # (a predecode config's GEMM is a dense one)
     dense = dense_op or all(c.predecode for c in cands)

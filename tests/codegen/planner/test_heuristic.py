@@ -56,12 +56,44 @@ def test_heuristic_takes_the_rs_gemm_above_16_rows():
     assert c.rs and (c.BM, c.BN, c.kgroups, c.stages) == (16, 64, 4, 12), c.name
     assert planner.heuristic(s, "sm_90", 8, 8192, 8192).tc
     assert planner.heuristic(s, "sm_90", 16, 4096, 8192).tc
+    assert planner.heuristic(s, "sm_90", 16, 5120, 5120, sms=132).rs    # Qwen2.5-14B: 1.58x
     assert planner.heuristic(spec("bnb_nf4"), "sm_90", 16, 8192, 8192).tc   # (its rs GEMM lost there)
     assert not planner.heuristic(s, "sm_80", 64, 8192, 8192).rs
     # past 256 rows: 128 weight rows, one k-group, until predecode
     c = planner.heuristic(s, "sm_90", 1024, 8192, 8192)
     assert c.rs and (c.BM, c.BN, c.BK, c.kgroups, c.stages) == (256, 128, 64, 1, 4), c.name
     assert planner.heuristic(s, "sm_90", 2048, 8192, 8192).predecode
+
+
+def test_nf4_leaves_its_rs_gemm_on_narrow_layers():
+    """NF4 at M = 17-32 on a 1024-row layer: the split-K mma.sync GEMM (its
+    rs GEMM fills a quarter of the SMs and lost by 1.65-1.75x); on wide
+    layers, and for the 4-bit interleaved decodings, the rs GEMM."""
+    nf4 = spec("bnb_nf4")
+    c = planner.heuristic(nf4, "sm_90", 32, 1024, 4096, sms=132)
+    assert not c.rs and not c.wgmma and c.split_k > 1, c.name
+    assert planner.heuristic(nf4, "sm_90", 32, 14336, 4096, sms=132).rs
+    assert planner.heuristic(nf4, "sm_90", 128, 1024, 4096, sms=132).rs
+    assert planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 32, 1024, 4096, sms=132).rs
+
+
+def test_decode_gemv_splits_k_only_for_starved_grids():
+    """M = 1, weights [N, K]: a 1024-row layer's GEMV runs whole-K (split in
+    two it took 1.49-1.56x longer in four tuned records); wide layers
+    were never split; the column GEMV of weights stored [K, N] still splits
+    (its winners split K 2-16 ways)."""
+    s = spec("w4a16_sym_g128")
+    assert planner.heuristic(s, "sm_90", 1, 1024, 4096, sms=132).split_k == 1
+    assert planner.heuristic(s, "sm_90", 1, 8192, 8192, sms=132).split_k == 1
+    assert planner.heuristic(spec("gptq_v2_w4a16_g128"), "sm_90", 1, 8192, 8192, sms=132).split_k > 1
+
+
+def test_decode_gemv_prefetches_except_codebook_lookups():
+    """16-byte GEMV loads prefetch the next run, except where the codes are
+    looked up in a table (NF4: 13-17 % slower with it)."""
+    assert planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 1, 8192, 8192).prefetch
+    c = planner.heuristic(spec("bnb_nf4"), "sm_90", 1, 8192, 8192)
+    assert c.vbytes == 16 and not c.prefetch
 
 
 def test_rs_tiles_fill_a_wave_on_narrow_layers():
