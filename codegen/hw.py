@@ -169,6 +169,12 @@ class Calibration:
     rs_from_m9: FrozenSet[str] = frozenset()
     # The share of the SMs those 64-row blocks must fill (one m-tile).
     rs_from_m9_fill: float = 0.85
+    # rs_decode_rows of the rs GEMM kernels (planner.rs.kernel_class) whose
+    # decode costs otherwise.
+    rs_decode_rows_of: Mapping[str, int] = field(default_factory=dict)
+    # The rs GEMM kernels whose blocks of 64 weight rows and at most 64 rows
+    # of M take four k-groups of 12 stages on a grid under one wave.
+    rs_deep_kgroups: FrozenSet[str] = frozenset()
     # By rs GEMM kernel (planner.rs.kernel_class): the share of the SMs its
     # blocks must fill at M = 17-32, below which it gives way to the split-K
     # GEMM (narrow layers).
@@ -256,6 +262,18 @@ H200 = Calibration(
     # decodings' rs GEMM held there. The others: not measured.
     # Source: docs/performance.md#heuristic
     rs_min_fill={"table_cvt_scale/pairs/float16": 0.5},
+    # NF4's table decode costs about twice the 4-bit magic one per weight
+    # row: at M = 257-512 on 5120-row layers its winners were 256 x 128
+    # tiles (one wave), 1.22x and 1.34x over the 128 x 64 ones (three
+    # waves) that 64 rows of decode cost pick.
+    # Source: docs/performance.md#heuristic
+    rs_decode_rows_of={"table_cvt_scale/pairs/float16": 128},
+    # NF4's blocks of 64 weight rows and <= 64 rows of M on grids under one
+    # wave: four k-groups won all 13 such records (12 stages in 9, 8 in 4),
+    # 1.10-1.17x over the two of 8 picked before where the H100 timed both;
+    # on wider grids two k-groups won (4 of 4).
+    # Source: docs/performance.md#heuristic
+    rs_deep_kgroups=frozenset({"table_cvt_scale/pairs/float16"}),
     # At M = 1 on 1024-row layers (6-8 warps per SM unsplit) the whole-K GEMV
     # beat the split-in-two one by 1.49-1.56x (4 records: H200 and H100).
     # Source: docs/performance.md#heuristic

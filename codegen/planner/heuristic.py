@@ -70,23 +70,36 @@ def _tma_score(c: Config, M: int, N: int, sms: int, speed) -> tuple:
             c.raster != (8 if M > c.BM else 0), -c.stages)
 
 
-def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int) -> tuple:
+def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, deep: bool) -> tuple:
     """Waves of blocks times one block's work: BN weight rows, each decoded
-    once (decode_rows: that cost in rows of M, hw.Calibration.rs_decode_rows)
-    and multiplied by BM activation rows; then the tallest, widest tile, and
-    the depth, k-groups and ring the tuned winners had with it: 64-deep
-    k-tiles at 256 rows (their registers); 128 weight rows in one k-group of
-    4 stages from 128 rows, else two of 8 (12 at 16 rows); 64 weight rows in
-    two k-groups (four at 16 rows) of 8 stages (6 from 128 rows, 12 at 16):
-    docs/performance.md#heuristic."""
+    once (decode_rows: that cost in rows of M it multiplies, by decoding:
+    `_rs_decode`) and multiplied by BM activation rows; then the tallest,
+    widest tile, and the depth, k-groups and ring the tuned winners had
+    with it: 64-deep k-tiles at 256 rows (their registers); 128 weight rows
+    in one k-group of 4 stages from 128 rows, else two of 8 (12 at 16
+    rows); 64 weight rows in two k-groups (four at 16 rows) of 8 stages
+    (6 from 128 rows, 12 at 16); with `deep` (the decodings of
+    hw.Calibration.rs_deep_kgroups on a grid under one wave) four k-groups
+    of 12 stages up to 64 rows: docs/performance.md#heuristic."""
     blocks = -(-N // c.BN) * -(-M // c.BM)
     bk = 64 if c.BM == 256 else 128
     if c.BN == 128:
         kgroups, stages = (1, 4) if c.BM >= 128 else (2, 12 if c.BM == 16 else 8)
+    elif c.BM == 16 or (deep and c.BM <= 64 and blocks < sms):
+        kgroups, stages = 4, 12
     else:
-        kgroups, stages = (4, 12) if c.BM == 16 else (2, 6) if c.BM >= 128 else (2, 8)
+        kgroups, stages = (2, 6) if c.BM >= 128 else (2, 8)
     return (-(-blocks // sms) * c.BN * (decode_rows + c.BM), -c.BM, -c.BN,
             c.BK != bk, c.kgroups != kgroups, c.stages != stages)
+
+
+def _rs_pick(spec: Spec, rs: List[Config], M: int, N: int, sms: int, arch: str) -> Config:
+    """The rs tile by `_rs_score`, with spec's decoding's calibration."""
+    cal = hw.calibration(arch)
+    kind = kernel_class(spec, arch)
+    rows = cal.rs_decode_rows_of.get(kind, cal.rs_decode_rows)
+    deep = kind in cal.rs_deep_kgroups
+    return min(rs, key=lambda c: _rs_score(c, M, N, sms, rows, deep))
 
 
 def rs_from_m9(spec: Spec, arch: str, N: int, sms: int) -> bool:
@@ -134,9 +147,8 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
                         f"once {len(exclude)} excluded ones are left out")
     tc = [c for c in cands if c.tc]
     rs = [c for c in cands if c.rs]
-    rows = hw.calibration(arch).rs_decode_rows
     if 9 <= M <= 16 and rs and rs_from_m9(spec, arch, N, sms):
-        return min(rs, key=lambda c: _rs_score(c, M, N, sms, rows))
+        return _rs_pick(spec, rs, M, N, sms, arch)
     if 2 <= M <= 16 and tc:
         # Measured (w4a16_sym 8192^2): M = 4 19.7 us, M = 16 28.8 us (the
         # mma.sync GEMM: 37 us): docs/performance.md#tensor-core-gemv. The
@@ -200,7 +212,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # took 46.7): docs/performance.md#heuristic.
     rs = [c for c in cands if c.rs]          # (cands: predecode's or not, above)
     if rs and M > 16:
-        pick = min(rs, key=lambda c: _rs_score(c, M, N, sms, rows))
+        pick = _rs_pick(spec, rs, M, N, sms, arch)
         if not _rs_starved(spec, pick, M, N, sms, arch):
             return pick
         cands = [c for c in cands if not c.rs]

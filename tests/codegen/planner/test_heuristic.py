@@ -77,6 +77,22 @@ def test_nf4_leaves_its_rs_gemm_on_narrow_layers():
     assert planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 32, 1024, 4096, sms=132).rs
 
 
+def test_nf4_rs_tiles_as_its_winners_had_them():
+    """NF4's table decode: four k-groups of 12 stages for 64-row blocks on a
+    grid under one wave (two on wider grids), and 256 x 128 tiles at M =
+    512 on a 5120-row layer (its decode costs 128 rows of M:
+    hw.H200.rs_decode_rows_of), as its tuned winners had them."""
+    nf4 = spec("bnb_nf4")
+    c = planner.heuristic(nf4, "sm_90", 32, 5120, 5120, sms=132)
+    assert c.rs and (c.BM, c.BN, c.kgroups, c.stages) == (32, 64, 4, 12), c.name
+    c = planner.heuristic(nf4, "sm_90", 32, 14336, 4096, sms=132)
+    assert c.rs and c.kgroups == 2, c.name
+    c = planner.heuristic(nf4, "sm_90", 512, 5120, 5120, sms=132)
+    assert c.rs and (c.BM, c.BN) == (256, 128), c.name
+    # w4a16_sym keeps two k-groups there
+    assert planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 100, 1024, 4096, sms=132).kgroups == 2
+
+
 def test_decode_gemv_splits_k_only_for_starved_grids():
     """M = 1, weights [N, K]: a 1024-row layer's GEMV runs whole-K (split in
     two it took 1.49-1.56x longer in four tuned records); wide layers
