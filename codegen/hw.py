@@ -176,7 +176,7 @@ class Calibration:
     # of M take four k-groups of 12 stages on a grid under one wave.
     rs_deep_kgroups: FrozenSet[str] = frozenset()
     # By rs GEMM kernel (planner.rs.kernel_class): the share of the SMs its
-    # blocks must fill at M = 17-32, below which it gives way to the split-K
+    # blocks must fill at M = 17-64, below which it gives way to a split-K
     # GEMM (narrow layers).
     rs_min_fill: Mapping[str, float] = field(default_factory=dict)
     # Warps per SM up to which a split-K GEMV's grid counts as filling the
@@ -255,11 +255,10 @@ H200 = Calibration(
     # GEMV won 2 of 3 (the rule misses the third by 1.09x).
     # Source: docs/performance.md#heuristic
     rs_from_m9_fill=0.6,
-    # NF4 on 1024-row layers at M = 17-32 (0.24 x the SMs in rs blocks):
-    # the split-K mma.sync GEMM beat its rs GEMM by 1.65x and 1.75x (H100,
-    # H200; at M = 33-64 a split-K wgmma one by 1.37-1.66x, which the
-    # heuristic's GEMM rules do not pick yet); the 4-bit interleaved
-    # decodings' rs GEMM held there. The others: not measured.
+    # NF4 on 1024-row layers at M = 17-64 (0.24-0.48 x the SMs in rs
+    # blocks): split-K GEMMs beat its rs GEMM by 1.65x and 1.75x at 17-32
+    # (mma.sync), 1.37x and 1.66x at 33-64 (wgmma) (H100, H200); the 4-bit
+    # interleaved decodings' rs GEMM held there. The others: not measured.
     # Source: docs/performance.md#heuristic
     rs_min_fill={"table_cvt_scale/pairs/float16": 0.5},
     # NF4's table decode costs about twice the 4-bit magic one per weight

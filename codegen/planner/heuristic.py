@@ -114,11 +114,11 @@ def rs_from_m9(spec: Spec, arch: str, N: int, sms: int) -> bool:
 
 def _rs_starved(spec: Spec, c: Config, M: int, N: int, sms: int, arch: str) -> bool:
     """Whether the rs GEMM c leaves too many SMs idle for its decoding, up
-    to M = 32: the decodings with a minimum share of SMs
+    to M = 64: the decodings with a minimum share of SMs
     (hw.Calibration.rs_min_fill: NF4's table lookups) on narrow layers,
-    where the split-K mma.sync GEMM keeps every SM decoding."""
+    where a split-K GEMM keeps every SM decoding."""
     fill = hw.calibration(arch).rs_min_fill.get(kernel_class(spec, arch), 0.0)
-    return M <= 32 and -(-N // c.BN) * -(-M // c.BM) < fill * sms
+    return M <= 64 and -(-N // c.BN) * -(-M // c.BM) < fill * sms
 
 
 def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] = None,
@@ -240,7 +240,9 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # Enough blocks: up to M = 64 (memory-bound) about two per SM, split-K
     # until there (a sweep: 256 blocks beat 128 and 512,
     # docs/performance.md#gemm); above, split-K only
-    # when the tiles leave half the SMs idle.
+    # when the tiles leave half the SMs idle. Short of that many, the more
+    # the better (NF4 on 1024-row layers, M = 33-64: 64 x 64 tiles split 8
+    # ways won, where 64 x 128 whole-K ones were picked before).
     want_blocks = 15 * sms // 8 if M <= 64 else sms // 2
 
     def score(c: Config):
@@ -248,13 +250,13 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
         # for large M with wgmma), the fewest split-K slices
         # (docs/performance.md#gemm).
         if c.family != "gemm":
-            return (True, 9.0, 0, True, 0, True, True)
+            return (1, 9.0, 0, True, 0, True, True)
         waste = 1.0 if tall else (-(-M // c.BM) * c.BM) / M
         # wgmma on dense operands keeps a group in flight: it wants the whole K
         # and deep pipelines (w8a8 M=64: p5 s1 34 us, p4 s4 54 us:
         # docs/performance.md#gemm).
         deep = dense and c.wgmma
-        return (blocks(spec, c, M, N) < want_blocks and not deep, round(waste, 1), -c.BM,
+        return (0 if deep else -min(blocks(spec, c, M, N), want_blocks), round(waste, 1), -c.BM,
                 c.BN != (wide if c.wgmma else 128), c.split_k, -c.stages if deep else c.stages != 4,
                 c.min_blocks != 1)
     return min(cands, key=score)

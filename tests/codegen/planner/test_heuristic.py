@@ -66,12 +66,15 @@ def test_heuristic_takes_the_rs_gemm_above_16_rows():
 
 
 def test_nf4_leaves_its_rs_gemm_on_narrow_layers():
-    """NF4 at M = 17-32 on a 1024-row layer: the split-K mma.sync GEMM (its
-    rs GEMM fills a quarter of the SMs and lost by 1.65-1.75x); on wide
-    layers, and for the 4-bit interleaved decodings, the rs GEMM."""
+    """NF4 at M = 17-64 on a 1024-row layer: split-K GEMMs as its winners
+    had them (its rs GEMM fills a quarter to half of the SMs and lost by
+    1.37-1.75x); on wide layers, and for the 4-bit interleaved decodings,
+    the rs GEMM."""
     nf4 = spec("bnb_nf4")
     c = planner.heuristic(nf4, "sm_90", 32, 1024, 4096, sms=132)
     assert not c.rs and not c.wgmma and c.split_k > 1, c.name
+    c = planner.heuristic(nf4, "sm_90", 64, 1024, 4096, sms=132)
+    assert c.name == "gemm_64x64x64_w64x64_p4_s8_wg", c.name
     assert planner.heuristic(nf4, "sm_90", 32, 14336, 4096, sms=132).rs
     assert planner.heuristic(nf4, "sm_90", 128, 1024, 4096, sms=132).rs
     assert planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 32, 1024, 4096, sms=132).rs
