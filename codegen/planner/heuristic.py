@@ -72,8 +72,8 @@ def _tma_score(c: Config, M: int, N: int, sms: int, speed) -> tuple:
 
 def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, deep: bool) -> tuple:
     """Waves of blocks times one block's work: BN weight rows, each decoded
-    once (decode_rows: that cost in rows of M it multiplies, by decoding:
-    `_rs_decode`) and multiplied by BM activation rows; then the tallest,
+    once (decode_rows: that cost in rows of M, by decoding: `_rs_pick`)
+    and multiplied by BM activation rows; then the tallest,
     widest tile, and the depth, k-groups and ring the tuned winners had
     with it: 64-deep k-tiles at 256 rows (their registers); 128 weight rows
     in one k-group of 4 stages from 128 rows, else two of 8 (12 at 16
