@@ -183,6 +183,9 @@ class Calibration:
     # device: splitting pays a reduction, so it only wins where the whole-K
     # grid leaves the SMs with fewer warps than this.
     gemv_split_fill_warps: int = 12
+    # Code kinds (lower.Numerics.code_kind) whose row GEMV runs faster
+    # without prefetching its next run of 16-byte vectors.
+    gemv_no_prefetch: FrozenSet[str] = frozenset()
 
 
 H200 = Calibration(
@@ -277,6 +280,11 @@ H200 = Calibration(
     # beat the split-in-two one by 1.49-1.56x (4 records: H200 and H100).
     # Source: docs/performance.md#heuristic
     gemv_split_fill_warps=6,
+    # NF4 (codebook lookups) at M = 1: w8 c4 v16 s1 23.5 us without
+    # prefetch, 27.5 with (13824 x 5120, H100); the H200's NF4 winners at
+    # M = 1 all without it (7 shapes).
+    # Source: docs/performance.md#gemv
+    gemv_no_prefetch=frozenset({"table"}),
 )
 CALIBRATION = {"H200": H200}
 

@@ -93,32 +93,28 @@ def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, deep: bool)
             c.BK != bk, c.kgroups != kgroups, c.stages != stages)
 
 
-def _rs_pick(spec: Spec, rs: List[Config], M: int, N: int, sms: int, arch: str) -> Config:
-    """The rs tile by `_rs_score`, with spec's decoding's calibration."""
-    cal = hw.calibration(arch)
-    kind = kernel_class(spec, arch)
+def _rs_pick(rs: List[Config], kind: str, M: int, N: int, sms: int, cal: hw.Calibration) -> Config:
+    """The rs tile by `_rs_score`, with the calibration of its decoding
+    (kind: planner.rs.kernel_class)."""
     rows = cal.rs_decode_rows_of.get(kind, cal.rs_decode_rows)
     deep = kind in cal.rs_deep_kgroups
     return min(rs, key=lambda c: _rs_score(c, M, N, sms, rows, deep))
 
 
-def rs_from_m9(spec: Spec, arch: str, N: int, sms: int) -> bool:
-    """Whether the heuristic takes spec's rs GEMM at M = 9-16 instead of the
+def _rs_from_m9(kind: str, N: int, sms: int, cal: hw.Calibration) -> bool:
+    """Whether the heuristic takes the rs GEMM at M = 9-16 instead of the
     tensor-core GEMV: for the decodings that won there (hw.Calibration.rs_from_m9),
     on layers whose 64-row blocks fill enough of the SMs in one m-tile
     (hw.Calibration.rs_from_m9_fill)."""
-    cal = hw.calibration(arch)
-    return (rs_pickable(spec, arch) and kernel_class(spec, arch) in cal.rs_from_m9
-            and -(-N // 64) >= cal.rs_from_m9_fill * sms)
+    return kind in cal.rs_from_m9 and -(-N // 64) >= cal.rs_from_m9_fill * sms
 
 
-def _rs_starved(spec: Spec, c: Config, M: int, N: int, sms: int, arch: str) -> bool:
+def _rs_starved(c: Config, kind: str, M: int, N: int, sms: int, cal: hw.Calibration) -> bool:
     """Whether the rs GEMM c leaves too many SMs idle for its decoding, up
     to M = 64: the decodings with a minimum share of SMs
     (hw.Calibration.rs_min_fill: NF4's table lookups) on narrow layers,
     where a split-K GEMM keeps every SM decoding."""
-    fill = hw.calibration(arch).rs_min_fill.get(kernel_class(spec, arch), 0.0)
-    return M <= 64 and -(-N // c.BN) * -(-M // c.BM) < fill * sms
+    return M <= 64 and -(-N // c.BN) * -(-M // c.BM) < cal.rs_min_fill.get(kind, 0.0) * sms
 
 
 def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] = None,
@@ -145,10 +141,12 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     if not cands:
         raise PlanError(f"{spec.name}: no kernel configuration fits M={M} N={N} K={K} on {arch} "
                         f"once {len(exclude)} excluded ones are left out")
+    cal = hw.calibration(arch)
     tc = [c for c in cands if c.tc]
-    rs = [c for c in cands if c.rs]
-    if 9 <= M <= 16 and rs and rs_from_m9(spec, arch, N, sms):
-        return _rs_pick(spec, rs, M, N, sms, arch)
+    rs = [c for c in cands if c.rs]                 # (only where rs_pickable)
+    kind = kernel_class(spec, arch) if rs else None
+    if 9 <= M <= 16 and rs and _rs_from_m9(kind, N, sms, cal):
+        return _rs_pick(rs, kind, M, N, sms, cal)
     if 2 <= M <= 16 and tc:
         # Measured (w4a16_sym 8192^2): M = 4 19.7 us, M = 16 28.8 us (the
         # mma.sync GEMM: 37 us): docs/performance.md#tensor-core-gemv. The
@@ -164,20 +162,20 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
         # that; the column GEMV of weights stored [K, N] splits K as before:
         # its tuned winners split it 2-16 ways).
         fill_warps = 12
-        split_fill = (hw.calibration(arch).gemv_split_fill_warps
-                      if weight_layout(spec).row_axis == "n" else fill_warps)
-        table = numerics(spec).code_kind == "table"
+        split_fill = cal.gemv_split_fill_warps if weight_layout(spec).row_axis == "n" else fill_warps
+        prefetch = numerics(spec).code_kind not in cal.gemv_no_prefetch
 
         def gscore(c: Config):
             warps, idle = gemv_fill(spec, c, arch, M, N, K)
             # Then: no split-K, the most columns per warp (activations read
             # once for all of them), the widest loads; prefetch with 16-byte
             # vectors (w8 c4 v16 s1 3-8 % faster for every row spec; with
-            # 8-byte ones 1-bit codes took 255 registers and lost 24 %; with
-            # codebook lookups NF4 lost 13-17 %: docs/performance.md#gemv).
+            # 8-byte ones 1-bit codes took 255 registers and lost 24 %:
+            # docs/performance.md#gemv), but for the code kinds of
+            # hw.Calibration.gemv_no_prefetch.
             fill = fill_warps if c.split_k == 1 else split_fill
             return (-min(warps, fill * sms), idle > 0, c.split_k, -c.cols, -c.vbytes, c.warps != 8,
-                    c.prefetch != (c.vbytes == 16 and not table))
+                    c.prefetch != (c.vbytes == 16 and prefetch))
         return min(gemv, key=gscore)
 
     # Large M: decode the weights once, then the dense GEMM.
@@ -195,7 +193,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     dense_op = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).dense
     tma = [c for c in cands if c.tma and (dense_op or c.predecode)]
     if tma:
-        speed = hw.calibration(arch).tma_tile_speed
+        speed = cal.tma_tile_speed
         return min(tma, key=lambda c: _tma_score(c, M, N, sms, speed))
     # Measured on the H200: wgmma wins from M = 33 on, mma.sync below (dense
     # operands: a sweep; decoded weights: the tuning logs, where a wgmma
@@ -212,8 +210,8 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # took 46.7): docs/performance.md#heuristic.
     rs = [c for c in cands if c.rs]          # (cands: predecode's or not, above)
     if rs and M > 16:
-        pick = _rs_pick(spec, rs, M, N, sms, arch)
-        if not _rs_starved(spec, pick, M, N, sms, arch):
+        pick = _rs_pick(rs, kind, M, N, sms, cal)
+        if not _rs_starved(pick, kind, M, N, sms, cal):
             return pick
         cands = [c for c in cands if not c.rs]
     wg = [c for c in cands if c.wgmma and not c.rs]

@@ -118,6 +118,7 @@ def test_each_measured_constant_cites_its_evidence():
     fields = re.findall(r"^    (\w+)=", cal, re.M)
     assert set(fields) == {"gemv_bytes_in_flight", "tma_tile_speed", "predecode_m", "rs_regs",
                            "rs_verified", "rs_decode_rows", "rs_from_m9", "rs_from_m9_fill",
-                           "gemv_split_fill_warps", "rs_min_fill", "rs_decode_rows_of", "rs_deep_kgroups"}
+                           "gemv_split_fill_warps", "rs_min_fill", "rs_decode_rows_of", "rs_deep_kgroups",
+                           "gemv_no_prefetch"}
     assert cal.count("Source: docs/performance.md#") >= len(fields)
     assert not re.search(r"run\d+|NOTES|bench/results", text)
