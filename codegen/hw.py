@@ -160,6 +160,11 @@ class Calibration:
     # (sub-byte codes widened once into 8-bit ones). The heuristic picks no
     # other (the tuner times every one, and keeps only those it verified).
     a8_verified: FrozenSet[str] = frozenset()
+    # Whether the TMA GEMM's in-flight sums (Config.inflight_sums) were
+    # checked against the reference and timed faster than the one-set
+    # kernel on this device: until then the heuristic picks the one-set
+    # kernel (the tuner times both, and keeps only verified winners).
+    inflight_sums_verified: bool = False
     # What decoding one weight row costs an rs GEMM block, in rows of M it
     # multiplies that row by (planner.heuristic's rs tile score).
     rs_decode_rows: int = 64

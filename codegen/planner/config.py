@@ -65,6 +65,10 @@ class Config:
     kgroups: int = 1       # gemm (rs): MMA warpgroups per 64 weight rows, taking turns by k-tile
                            # (one's decode and wgmma latency hide behind the others'), summed
                            # in shared memory at the end
+    inflight_sums: bool = False  # gemm (tma, wgmma whose sums are added up per k-tile: fp8):
+                                 # two k-tiles issued back to back into two sets of sums, the
+                                 # first added up while the second runs (the one-set kernel
+                                 # waits for each tile's before it issues the next)
 
     @property
     def name(self) -> str:
@@ -82,8 +86,9 @@ class Config:
         cl = f"_x{self.cluster}" if self.cluster != 1 else ""
         ra = f"_r{self.raster}" if self.raster else ""
         rs = (f"_rs{self.kgroups}" if self.kgroups != 1 else "_rs") if self.rs else ""
+        ins = "_is" if self.inflight_sums else ""
         return (f"gemm_{self.BM}x{self.BN}x{self.BK}_w{self.WM}x{self.WN}"
-                f"_p{self.stages}_s{self.split_k}{occ}{wg}{tma}{cl}{ra}{rs}{pd}")
+                f"_p{self.stages}_s{self.split_k}{occ}{wg}{tma}{cl}{ra}{rs}{ins}{pd}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -63,11 +63,12 @@ def _tma_score(c: Config, M: int, N: int, sms: int, speed) -> tuple:
     relative speed, hw.Calibration.tma_tile_speed), then: two MMA warpgroups
     where the tile has room, no cluster (multicast measured no faster:
     docs/performance.md#tma-gemm), the grouped raster once there are two
-    bands of m-tiles, the deepest ring."""
+    bands of m-tiles, the deepest ring, in-flight sums (candidates only once
+    hw.Calibration.inflight_sums_verified)."""
     tiles = -(-N // c.BN) * -(-M // c.BM)
     cost = -(-tiles // sms) * c.BM * c.BN / speed[(c.BM, c.BN)]
     return (round(cost), -(c.BM // 64) * (c.BN // c.WN), c.cluster != 1,
-            c.raster != (8 if M > c.BM else 0), -c.stages)
+            c.raster != (8 if M > c.BM else 0), -c.stages, not c.inflight_sums)
 
 
 def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, deep: bool) -> tuple:
@@ -136,12 +137,13 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     whose kernels ptxas spilled: compiler.default_config)."""
     sms = sms or hw.planned_device(arch).sms
     pick_rs = rs_pickable(spec, arch)
+    cal = hw.calibration(arch)
     cands = [c for c in candidates(spec, arch, M, N, K, sms)
-             if c not in exclude and (pick_rs or not c.rs) and a8_pickable(spec, c, arch)]
+             if c not in exclude and (pick_rs or not c.rs) and a8_pickable(spec, c, arch)
+             and (cal.inflight_sums_verified or not c.inflight_sums)]
     if not cands:
         raise PlanError(f"{spec.name}: no kernel configuration fits M={M} N={N} K={K} on {arch} "
                         f"once {len(exclude)} excluded ones are left out")
-    cal = hw.calibration(arch)
     tc = [c for c in cands if c.tc]
     rs = [c for c in cands if c.rs]                 # (only where rs_pickable)
     kind = kernel_class(spec, arch) if rs else None

@@ -62,6 +62,8 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
         # No kernel reads planes: opgen.load and build run the execution spec.
         raise PlanError(f"{spec.name}: no kernel reads codes packed in planes; its execution "
                         f"spec (planner.execution_spec) holds them packed in runs")
+    if cfg.inflight_sums and (family_of(cfg) is not FAMILIES["tma"] or cfg.predecode):
+        raise PlanError("in-flight sums are for the TMA GEMM of fp8 operands")
     mma = hw.MMAS[num.mma]
     if mma.min_cc > a.cc:
         raise PlanError(f"{num.mma} activations need sm_{mma.min_cc}+ tensor cores (target {arch})")

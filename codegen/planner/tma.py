@@ -35,6 +35,9 @@ TMA_PRODUCER_REGS = 40                                   # the producer only iss
 TMA_CONSUMER_REGS = consumer_regs(TMA_PRODUCER_REGS)     # 232
 # ... when the producer warpgroup also decodes the weights: 96 / 200.
 TMA_DECODE_REGS = (96, consumer_regs(96))
+# Registers an MMA thread of the in-flight sums kernel needs beside its three
+# sets of accumulators (Config.inflight_sums): descriptors, loop state, barriers.
+INFLIGHT_SUMS_SPARE = 40
 
 
 def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
@@ -89,6 +92,15 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
         raise PlanError(f"wgmma sums added up per k-tile: two sets of {cfg.WN // 2} accumulators "
                         "per thread (WN 64 or 128)")
     regs = (TMA_PRODUCER_REGS, TMA_CONSUMER_REGS) if num.dense else TMA_DECODE_REGS
+    if cfg.inflight_sums:
+        if not promote:
+            raise PlanError("in-flight sums are for wgmma whose sums are added up per k-tile "
+                            "(hw.Wgmma.exact_acc false: fp8)")
+        # Two tiles' sums and the running ones, plus the loop's addresses and
+        # barriers (INFLIGHT_SUMS_SPARE) within the MMA warps' registers.
+        if 3 * (cfg.WN // 2) + INFLIGHT_SUMS_SPARE > regs[1]:
+            raise PlanError(f"in-flight sums: three sets of {cfg.WN // 2} accumulators per thread "
+                            f"and {INFLIGHT_SUMS_SPARE} more do not fit the MMA warps' {regs[1]} registers")
     rowb = cfg.BK * ce                                  # 128: one swizzle atom per row
     stage = (cfg.BM + cfg.BN) * rowb + raw              # multiples of 1024 bytes
     smem = cfg.stages * stage + 1024                    # + slack to align the base
@@ -98,6 +110,7 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
                 a_decode=False, mma_ptx=mma.ptx, acc_int=mma.acc == "s32", dense=num.dense,
                 b_kmajor=True, rowb=rowb, stage_bytes=stage, raw_bytes=raw, smem=smem,
                 grid_tiles=(cfg.BN, cfg.BM), wgmma=True, tma=True, inflight=1, promote=promote,
+                inflight_sums=cfg.inflight_sums,
                 target=hw.WGMMA_TARGET[a.name],
                 wgmma_types=hw.WGMMAS[num.mma].types, wgmma_tail=hw.WGMMAS[num.mma].tail,
                 regs=regs if consumers == 2 else None)

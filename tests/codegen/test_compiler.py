@@ -81,6 +81,8 @@ def _check_sm90_kernel(s, cfg, forbidden="LDL|STL"):
     within the launch's registers."""
     c = compiler.compile_kernel(s, cfg, "sm_90")
     assert c.resources["spill_bytes"] == 0 and c.resources["stack"] == 0, f"{cfg.name}: {c.resources}"
+    # ptxas serializes wgmma when other code may touch its accumulators in flight
+    assert "C7514" not in c.log, f"{cfg.name}: wgmma serialized"
     if compiler.find_nvdisasm() is None:
         pytest.skip("nvdisasm not installed (extra 'sass')")
     sass = compiler.disassemble(c.cubin)
@@ -110,6 +112,21 @@ def test_tma_sass_and_resources(name, cluster):
     wn = 256 if hw.WGMMAS[numerics(s).mma].exact_acc else 128
     for BM, BN, WN in ((128, wn, wn), (64, 64, 64)):
         _check_sm90_kernel(s, planner.Config("gemm", BM, BN, BK, 64, WN, 4, 1, wgmma=True, tma=True, cluster=cluster))
+
+
+def test_tma_inflight_sums_sass_and_resources():
+    """fp8's TMA GEMM with in-flight sums (Config.inflight_sums), every tile
+    the tuner may time: three sets of accumulators and no spills, and wgmma
+    not serialized (with a tile kept in flight across loop iterations,
+    ptxas serialized every wgmma: docs/performance.md#tma-gemm)."""
+    s = spec("fp8_e4m3_w8a8")
+    tiles = {}
+    for c in planner.candidates(s, "sm_90", 4096, 8192, 8192):
+        if c.inflight_sums:
+            tiles.setdefault((c.BM, c.BN, c.WN, c.cluster), c)
+    assert {(t[0], t[1], t[2]) for t in tiles} >= {(128, 128, 128), (64, 64, 64)}
+    for cfg in tiles.values():
+        _check_sm90_kernel(s, cfg)
 
 
 @pytest.mark.slow

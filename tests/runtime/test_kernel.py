@@ -25,7 +25,7 @@ from opgen.codegen.reference import dequantize, reference_matmul_f32
 from opgen.codegen.tolerance import tolerance
 from opgen.codegen.resolve import load_spec, shipped_specs
 from opgen.codegen.validate import spec_from_dict
-from opgen.runtime import kernel, pdl, tma, workbench
+from opgen.runtime import kernel, pdl, tiled, tma, workbench
 from opgen.runtime.device import current_arch
 from opgen.runtime.kernel import Kernel
 from pdl_fakes import FakeDriver
@@ -358,6 +358,43 @@ def test_long_k_wgmma_matches_reference(name, record):
     if not one_each:
         pytest.skip(f"no wgmma on {current_arch()}")
     check_all(spec, list(one_each.values()), M, N, K, record)
+
+
+INFLIGHT_SUMS_SPECS = [n for n in INEXACT_WGMMA_SPECS
+                       if any(c.inflight_sums for c in planner.candidates(_run_spec(n), "sm_90", 300, 1032, 2048))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", INFLIGHT_SUMS_SPECS)
+@pytest.mark.parametrize("M,N,K", [(70, 264, 1024), (300, 1032, 2080)])
+def test_inflight_sums_equal_the_one_set_kernel(name, M, N, K, record):
+    """The TMA GEMM's in-flight sums (Config.inflight_sums: two k-tiles
+    issued, each one's sums added as it is done) add the same tile sums in the
+    same order as the one-set kernel: the outputs are equal bit for bit, at an
+    even (8) and an odd, partial (17) count of k-tiles, and within the
+    reference's tolerance. hw.Calibration.inflight_sums_verified waits for
+    this and a timing."""
+    spec = _run_spec(name)
+    cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.inflight_sums]
+    if not cfgs:
+        pytest.skip(f"no in-flight sums configs on {current_arch()}")
+    pairs = [(c, replace(c, inflight_sums=False)) for c in cfgs]
+    for _ in compile_many({(spec, c, current_arch()) for pair in pairs for c in pair}):
+        pass
+    rng = np.random.default_rng(M + K)
+    tensors, _ = weights(spec, N, K)
+    a, a_scale = random_activation(spec, M, K, rng)
+    sess = session()
+    dev = sess.to_device
+    for i, (c, one) in enumerate(pairs):
+        outs = []
+        for cfg in (c, one):
+            out = sess.xp.full((M, N), tiled.poison(spec), dtype=tiled.out_dtype(spec))
+            Kernel(spec, cfg)(dev(a), {k: dev(v) for k, v in tensors.items()}, out, a_scale=dev(a_scale))
+            sess.synchronize()
+            outs.append(sess.to_host(out))
+        assert np.array_equal(outs[0].view(np.uint8), outs[1].view(np.uint8)), f"{c.name} differs from {one.name}"
+        run_check(spec, c, M, N, K, seed=i, record=record)
 
 
 RS_SPECS = [n for n in MATMUL_SPECS

@@ -171,3 +171,16 @@ def test_8_bit_activation_gemvs_wait_for_the_device(monkeypatch):
     monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, a8_verified=frozenset({"gemv"})))
     assert planner.heuristic(s, "sm_90", 1, 8192, 8192).family == "gemv"
     assert planner.heuristic(s, "sm_90", 16, 8192, 8192).tc
+
+
+def test_inflight_sums_wait_for_the_device(monkeypatch):
+    """fp8's in-flight sums kernels are candidates (the tuner times and
+    verifies them) but the heuristic picks one only once they have been
+    checked and timed on the device (hw.Calibration.inflight_sums_verified)."""
+    s = spec("fp8_e4m3_w8a8")
+    for M in (64, 1024, 4096):
+        assert any(c.inflight_sums for c in planner.candidates(s, "sm_90", M, 8192, 8192))
+        assert not planner.heuristic(s, "sm_90", M, 8192, 8192).inflight_sums
+    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, inflight_sums_verified=True))
+    picks = {planner.heuristic(s, "sm_90", M, 8192, 8192) for M in (64, 1024, 4096)}
+    assert any(c.inflight_sums for c in picks)

@@ -84,3 +84,27 @@ def test_widened_codes_on_the_tma_gemm():
     for name, why in (("w4a8_int8_g128", "group scales"), ("int8_int4_int32", "int32")):
         with pytest.raises(planner.PlanError, match=why):
             planner.geometry(planner.execution_spec(spec(name), "sm_90"), cfg, "sm_90")
+
+
+def test_inflight_sums_only_where_wgmma_sums_are_added_up_per_k_tile():
+    """Config.inflight_sums: a TMA GEMM of fp8 operands (whose wgmma sums are
+    added up per k-tile) with three sets of WN / 2 accumulators in the MMA
+    warps' registers; no other kernel, no other operand type."""
+    ins = lambda BM, BN, WN, **kw: planner.Config("gemm", BM, BN, 128, 64, WN, 4, 1, wgmma=True, tma=True,
+                                                   inflight_sums=True, **kw)
+    fp8 = spec("fp8_e4m3_w8a8")
+    for cfg in (ins(128, 128, 128), ins(64, 64, 64), ins(128, 128, 128, cluster=2)):
+        g = planner.geometry(fp8, cfg, "sm_90")
+        assert g["promote"] and g["inflight_sums"] and cfg.name.endswith("_is")
+    assert 3 * 128 // 2 + tma_family.INFLIGHT_SUMS_SPARE <= tma_family.TMA_CONSUMER_REGS
+    for s, cfg, why in ((spec("w8a8_int8"), ins(128, 128, 128), "fp8"),
+                        (fp8, ins(128, 256, 256), "WN 64 or 128"),
+                        (fp8, dataclasses.replace(ins(128, 128, 128), tma=False), "TMA GEMM"),
+                        (fp8, dataclasses.replace(ins(128, 128, 128), predecode=True), "TMA GEMM")):
+        with pytest.raises(planner.PlanError, match=why):
+            planner.geometry(s, cfg, "sm_90")
+    # candidates: fp8's TMA tiles of WN <= 128 both ways; none elsewhere
+    cands = planner.candidates(fp8, "sm_90", 4096, 8192, 8192)
+    inflight = {dataclasses.replace(c, inflight_sums=False) for c in cands if c.inflight_sums}
+    assert inflight and inflight <= set(cands)
+    assert not any(c.inflight_sums for c in planner.candidates(spec("w8a8_int8"), "sm_90", 4096, 8192, 8192))
