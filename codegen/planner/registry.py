@@ -24,7 +24,7 @@ def family_of(cfg: Config) -> Family:
         return FAMILIES[cfg.family]
     if cfg.rs:
         return FAMILIES["rs"]
-    if cfg.tma or cfg.cluster != 1 or cfg.raster:
+    if cfg.tma or cfg.cluster != 1 or cfg.raster or cfg.inflight_sums:
         return FAMILIES["tma"]
     return FAMILIES["gemm"]
 
@@ -62,8 +62,6 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
         # No kernel reads planes: opgen.load and build run the execution spec.
         raise PlanError(f"{spec.name}: no kernel reads codes packed in planes; its execution "
                         f"spec (planner.execution_spec) holds them packed in runs")
-    if cfg.inflight_sums and (family_of(cfg) is not FAMILIES["tma"] or cfg.predecode):
-        raise PlanError("in-flight sums are for the TMA GEMM of fp8 operands")
     mma = hw.MMAS[num.mma]
     if mma.min_cc > a.cc:
         raise PlanError(f"{num.mma} activations need sm_{mma.min_cc}+ tensor cores (target {arch})")

@@ -109,8 +109,8 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
             or cfg.BN not in RS_TILES_N:
         raise PlanError(f"rs GEMM tiles: BK in {RS_TILES_K}, BM (wgmma N) in {RS_TILES_M}, "
                         f"BN in {RS_TILES_N}")
-    if cfg.cluster != 1 or cfg.raster or cfg.min_blocks != 1 or cfg.stages < 2:
-        raise PlanError("the rs GEMM: no cluster or raster, min_blocks 1, 2+ stages")
+    if cfg.cluster != 1 or cfg.raster or cfg.inflight_sums or cfg.min_blocks != 1 or cfg.stages < 2:
+        raise PlanError("the rs GEMM: no cluster, raster or in-flight sums, min_blocks 1, 2+ stages")
     if cfg.split_k != 1:
         # Measured: split-K 2 took 1.8x the unsplit time at M = 64 with an
         # identical main loop (docs/performance.md#rs-gemm); k-groups split k

@@ -70,9 +70,8 @@ def all_configs() -> List[Config]:
                     for ra in TMA_RASTERS:
                         out.append(Config("gemm", BM, BN, BK, 64, WN, stages, 1, wgmma=True, tma=True,
                                           cluster=cl, raster=ra))
-                        if WN <= 128:   # (fp8 only: geometry says)
-                            out.append(Config("gemm", BM, BN, BK, 64, WN, stages, 1, wgmma=True, tma=True,
-                                              cluster=cl, raster=ra, inflight_sums=True))
+                        out.append(Config("gemm", BM, BN, BK, 64, WN, stages, 1, wgmma=True, tma=True,
+                                          cluster=cl, raster=ra, inflight_sums=True))   # (fp8: geometry)
                         if BM == 128 and stages <= 4:
                             out.append(Config("gemm", BM, BN, BK, 64, WN, stages, 1, wgmma=True,
                                               tma=True, cluster=cl, raster=ra, predecode=True))

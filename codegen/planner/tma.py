@@ -46,7 +46,7 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     or two MMA warpgroups, optional multicast of the weight tile to a cluster
     of blocks along M."""
     if not cfg.tma:
-        raise PlanError("clusters and rasters are for tma configs")
+        raise PlanError("clusters, in-flight sums and rasters are for tma configs (the TMA GEMM)")
     if not (a.tma and cfg.wgmma):
         raise PlanError(f"tma configs are wgmma configs on sm_90a (target {a.name})")
     if not k_major(lay) or (num.dense and lay.row_axis != "n"):

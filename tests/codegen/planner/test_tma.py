@@ -100,7 +100,8 @@ def test_inflight_sums_only_where_wgmma_sums_are_added_up_per_k_tile():
     for s, cfg, why in ((spec("w8a8_int8"), ins(128, 128, 128), "fp8"),
                         (fp8, ins(128, 256, 256), "WN 64 or 128"),
                         (fp8, dataclasses.replace(ins(128, 128, 128), tma=False), "TMA GEMM"),
-                        (fp8, dataclasses.replace(ins(128, 128, 128), predecode=True), "TMA GEMM")):
+                        (fp8, dataclasses.replace(ins(128, 128, 128), predecode=True), "need decoding"),
+                        (spec("w4a16_sym_g128"), dataclasses.replace(ins(64, 64, 64), rs=True), "in-flight")):
         with pytest.raises(planner.PlanError, match=why):
             planner.geometry(s, cfg, "sm_90")
     # candidates: fp8's TMA tiles of WN <= 128 both ways; none elsewhere
