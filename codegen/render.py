@@ -84,8 +84,13 @@ def _magic_pair(dec, f16: bool, shift: int) -> dict:
                 off=repr(dec.magic_base / 2 ** u + dec.sub_value - dec.magic_base))
 
 
+def pdl_available(arch: str) -> bool:
+    """Whether arch has programmatic dependent launch (griddepcontrol)."""
+    return hw.arch(arch).cc >= PDL_MIN_CC
+
+
 def _check_pdl(pdl: bool, arch: str) -> None:
-    if pdl and hw.arch(arch).cc < PDL_MIN_CC:
+    if pdl and not pdl_available(arch):
         raise ValueError(f"pdl: griddepcontrol needs sm_{PDL_MIN_CC}+, not {arch}")
 
 

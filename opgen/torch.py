@@ -34,6 +34,7 @@ from . import checkpoints as ck
 from .codegen import quantize_weight
 from .codegen import reference as R
 from .codegen.planner import PlanError, check_shape, execution_spec
+from .codegen.render import PDL_MIN_CC, pdl_available
 from .codegen.spec import Spec
 from .codegen.resolve import as_spec
 from .codegen.transcode import transcode
@@ -54,8 +55,8 @@ _STORAGE = dict(_FLOAT, int32=torch.int32, uint8=torch.uint8, int8=torch.int8,
 # --- the op registry ---------------------------------------------------------------------
 
 class _Entry:
-    def __init__(self, spec: Spec, N: int, K: int):
-        self.spec, self.N, self.K = spec, N, K
+    def __init__(self, spec: Spec, N: int, K: int, pdl: bool):
+        self.spec, self.N, self.K, self.pdl = spec, N, K, pdl
         self._op = None
 
     def op(self):
@@ -64,8 +65,8 @@ class _Entry:
         arch). The layers hold the weight as the kernels read it (their
         kernel spec, this entry's spec): the op takes it as it is."""
         if self._op is None:
-            self._op = (QuantizeOp(self.spec, self.K) if self.spec.op == "quantize"
-                        else MatmulOp(self.spec, self.N, self.K, layout="stored"))
+            self._op = (QuantizeOp(self.spec, self.K, pdl=self.pdl) if self.spec.op == "quantize"
+                        else MatmulOp(self.spec, self.N, self.K, layout="stored", pdl=self.pdl))
         return self._op
 
 
@@ -73,13 +74,15 @@ _ENTRIES: List[_Entry] = []
 _HANDLES: Dict[Tuple[str, int, int], int] = {}
 
 
-def handle_for(spec: Spec, N: int, K: int) -> int:
-    """The registry handle of (spec, N, K), registering it on first use."""
-    key = (spec.content_hash(), int(N), int(K))
+def handle_for(spec: Spec, N: int, K: int, pdl: bool = False) -> int:
+    """The registry handle of (spec, N, K, pdl), registering it on first use
+    (pdl: the op's kernels launched for programmatic dependent launch,
+    runtime.op.MatmulOp's)."""
+    key = (spec.content_hash(), int(N), int(K), bool(pdl))
     h = _HANDLES.get(key)
     if h is None:
         h = _HANDLES[key] = len(_ENTRIES)
-        _ENTRIES.append(_Entry(spec, int(N), int(K)))
+        _ENTRIES.append(_Entry(spec, int(N), int(K), bool(pdl)))
     return h
 
 
@@ -245,11 +248,14 @@ class QuantLinear(nn.Module):
     (so state_dict / load_state_dict / .to(device) work): qweight, scales,
     zeros (those the spec stores) and bias (or None), in kernel_spec's
     storage dtypes; `model.half()` and friends move them but never cast
-    them. forward(x[..., K]) -> [..., N], in x's float dtype.
+    them. forward(x[..., K]) -> [..., N], in x's float dtype. pdl: its
+    kernels launched for programmatic dependent launch (sm_90+; MatmulOp's;
+    off by default until measured: docs/performance.md, item 13).
     """
 
     def __init__(self, spec: Union[Spec, str], in_features: int, out_features: int,
-                 qweight, scales=None, zeros=None, bias=None, device=None, layout: str = "execution"):
+                 qweight, scales=None, zeros=None, bias=None, device=None, layout: str = "execution",
+                 pdl: bool = False):
         super().__init__()
         spec = as_spec(spec)
         N, K = int(out_features), int(in_features)
@@ -264,7 +270,10 @@ class QuantLinear(nn.Module):
                              f"epilogue but has no bias, so the bias would be added after it")
         given = {"qweight": qweight, "scales": scales, "zeros": zeros}
         ck.validate_tensors(spec, {k: v for k, v in given.items() if v is not None}, N, K)
-        self.spec, self.spec_name = spec, spec.name
+        if pdl and torch.cuda.is_available() and not pdl_available(current_arch()):
+            raise ValueError(f"pdl: programmatic dependent launch needs sm_{PDL_MIN_CC} or newer, "
+                             f"this GPU is {current_arch()}")
+        self.spec, self.spec_name, self.pdl = spec, spec.name, bool(pdl)
         self.kernel_spec = execution_spec(spec, _layout_arch()) if layout == "execution" else spec
         self.in_features, self.out_features = K, N
         self._register_handles()
@@ -296,24 +305,24 @@ class QuantLinear(nn.Module):
     # --- constructors ---
 
     @classmethod
-    def from_linear(cls, spec: Union[Spec, str], linear: nn.Linear) -> "QuantLinear":
+    def from_linear(cls, spec: Union[Spec, str], linear: nn.Linear, pdl: bool = False) -> "QuantLinear":
         """Quantize a float nn.Linear (weight [out=N, in=K]) where its weight
         lies: see `quantized`."""
         spec = as_spec(spec)
         t = quantized(spec, linear.weight)
         return cls(spec, linear.in_features, linear.out_features, bias=linear.bias,
-                   device=linear.weight.device, **t)
+                   device=linear.weight.device, pdl=pdl, **t)
 
     @classmethod
     def empty(cls, spec: Union[Spec, str], in_features: int, out_features: int,
-              bias: bool = False, device=None) -> "QuantLinear":
+              bias: bool = False, device=None, pdl: bool = False) -> "QuantLinear":
         """Zero-filled storage, to be filled by load_state_dict."""
         spec = as_spec(spec)
         want = ck.expected_tensors(spec, out_features, in_features)
         t = {k: torch.zeros(shape, dtype=_STORAGE[dts[0]], device=device)
              for k, (shape, dts) in want.items()}
         b = torch.zeros(out_features, dtype=_FLOAT[spec.out.dtype], device=device) if bias else None
-        return cls(spec, in_features, out_features, bias=b, device=device, **t)
+        return cls(spec, in_features, out_features, bias=b, device=device, pdl=pdl, **t)
 
     @classmethod
     def from_checkpoint(cls, fmt: str, state: Mapping, in_features: int, out_features: int,
@@ -368,7 +377,7 @@ class QuantLinear(nn.Module):
         activations, of the quantizers of fp16 and bf16 inputs into them
         where the quantize kernel takes rows of K (planner.check_shape)
         (looked up, not made, in forward: torch.compile traces it)."""
-        self.handle = handle_for(self.kernel_spec, self.out_features, self.in_features)
+        self.handle = handle_for(self.kernel_spec, self.out_features, self.in_features, self.pdl)
         self.quantize_handles = {}
         if self.spec.a.dtype in _FLOAT:
             return
@@ -380,12 +389,13 @@ class QuantLinear(nn.Module):
                 check_shape(q, K=self.in_features)
             except PlanError:
                 continue
-            self.quantize_handles[dt] = handle_for(q, 0, self.in_features)
+            self.quantize_handles[dt] = handle_for(q, 0, self.in_features, self.pdl)
 
     def extra_repr(self) -> str:
         layout = "" if self.kernel_spec is self.spec else f", layout={self.kernel_spec.name}"
         return (f"spec={self.spec_name}{layout}, in_features={self.in_features}, "
-                f"out_features={self.out_features}, bias={self.bias is not None}")
+                f"out_features={self.out_features}, bias={self.bias is not None}"
+                + (", pdl=True" if self.pdl else ""))
 
     def __setstate__(self, state):
         # handles are per process: a pickled (torch.save(model)) layer
@@ -463,7 +473,7 @@ PROGRESS_AFTER_S = 1.0
 
 
 def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str] = (),
-                   quantize: bool = True, progress: bool = True) -> ReplaceReport:
+                   quantize: bool = True, progress: bool = True, pdl: bool = False) -> ReplaceReport:
     """Swap every nn.Linear of `model` (in place) for a QuantLinear of `spec`.
 
     Layers whose shapes the spec's alignment rules refuse (N % 8, K % 32,
@@ -473,7 +483,7 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
     model on the GPU is quantized there); quantize=False allocates zero
     storage instead (for a load_state_dict that follows). A loop running over
     PROGRESS_AFTER_S seconds shows its progress on stderr (progress=False:
-    never)."""
+    never). pdl: QuantLinear's."""
     spec = as_spec(spec)
     skip = list(skip)
     report = ReplaceReport()
@@ -497,10 +507,10 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
             report.skipped[name] = str(e)
             continue
         if quantize:
-            q = QuantLinear.from_linear(spec, mod)
+            q = QuantLinear.from_linear(spec, mod, pdl=pdl)
         else:
             q = QuantLinear.empty(spec, mod.in_features, mod.out_features,
-                                  bias=mod.bias is not None, device=mod.weight.device)
+                                  bias=mod.bias is not None, device=mod.weight.device, pdl=pdl)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, q)
         report.replaced.append(name)

@@ -10,6 +10,8 @@ the reference of the variant's kernel error).
                   what any kernel for them can gain
     opgen:SPEC    opgen.torch.QuantLinear of SPEC (a shipped name or a YAML
                   file), quantized where the weight lies (round to nearest)
+    opgen:SPEC+pdl  the same, its kernels launched for programmatic
+                  dependent launch (sm_90+: QuantLinear's pdl)
     torch_int4    torch._weight_int4pack_mm (tinygemm): 4-bit asymmetric,
                   group 128; bfloat16 activations, as tinygemm takes them
     gemlite_w4    gemlite's A16W4 (HQQ form (q - z) * s): 4-bit asymmetric,
@@ -26,10 +28,12 @@ from typing import Optional, Tuple
 import numpy as np
 
 from ..codegen import reference as R
+from ..codegen import render
 from ..codegen.resolve import as_spec
 from ..codegen.spec import A8_DTYPES
 from ..codegen.storage import decode_storage
 from ..codegen.tolerance import tolerance
+from ..runtime.device import current_arch
 from . import gemlite_peer
 
 # The peers' codes: opgen's quantizer into this shipped 4-bit asymmetric
@@ -38,6 +42,8 @@ PEER_SPEC = "awq_w4a16_g128"
 DEFAULT_VARIANTS = ("fp16", "no_linear", "opgen:w4a16_sym_g128", "opgen:awq_w4a16_g128", "opgen:bnb_nf4",
                     "opgen:mxfp4", "opgen:w8a8_int8", "torch_int4", "gemlite_w4")
 PEERS = ("torch_int4", "gemlite_w4")
+# opgen:SPEC+pdl: the variant's kernels launched for programmatic dependent launch
+PDL_SUFFIX = "+pdl"
 
 
 class Variant:
@@ -104,16 +110,21 @@ def _no_linear_class():
 
 
 class Opgen(Variant):
-    def __init__(self, spec: str):
-        self.spec = as_spec(spec)
-        self.name = f"opgen:{spec}"
+    def __init__(self, spec: str, pdl: bool = False):
+        self.spec, self.pdl = as_spec(spec), pdl
+        self.name = f"opgen:{spec}" + (PDL_SUFFIX if pdl else "")
         self.act = self.spec.a.dtype if self.spec.a.dtype in A8_DTYPES else None
         self.check_tol = tolerance(self.spec)      # the kernel tests' bound
 
     def layer(self, linear):
         from ..torch import QuantLinear
-        q = QuantLinear.from_linear(self.spec, linear)
+        q = QuantLinear.from_linear(self.spec, linear, pdl=self.pdl)
         return q, q.dequantized()
+
+    def unavailable(self, device):
+        if self.pdl and (device.type != "cuda" or not render.pdl_available(current_arch())):
+            return f"programmatic dependent launch needs a GPU of sm_{render.PDL_MIN_CC} or newer"
+        return None
 
 
 def peer_codes(weight):
@@ -242,16 +253,19 @@ def reference_class():
 
 
 def variant(name: str) -> Variant:
-    """The variant of a name (`fp16`, `opgen:SPEC`, `torch_int4`, `gemlite_w4`);
-    ValueError names the ones there are."""
+    """The variant of a name (`fp16`, `opgen:SPEC`, `opgen:SPEC+pdl`,
+    `torch_int4`, `gemlite_w4`); ValueError names the ones there are."""
     if name == "fp16":
         return Fp16()
     if name == "no_linear":
         return NoLinear()
     if name.startswith("opgen:") and len(name) > len("opgen:"):
-        return Opgen(name[len("opgen:"):])
+        spec = name[len("opgen:"):]
+        pdl = spec.endswith(PDL_SUFFIX) and len(spec) > len(PDL_SUFFIX)
+        return Opgen(spec[:-len(PDL_SUFFIX)] if pdl else spec, pdl)
     if name == "torch_int4":
         return TorchInt4()
     if name == "gemlite_w4":
         return GemliteW4()
-    raise ValueError(f"unknown variant {name!r} (known: fp16, no_linear, opgen:SPEC, {', '.join(PEERS)})")
+    raise ValueError(f"unknown variant {name!r} (known: fp16, no_linear, opgen:SPEC, "
+                     f"opgen:SPEC{PDL_SUFFIX}, {', '.join(PEERS)})")

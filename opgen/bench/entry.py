@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from ..codegen import planner
+from ..codegen import planner, render
 from ..codegen.errors import UserError
 from ..runtime.tuning_db import TuningDB
 from . import graph as graph_mode
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     results["complete"] = False
     # compile in the background while the machine and the peers are timed
     pdl_Ms = [M for M in plan.Ms if M <= graph_mode.MAX_M] \
-        if plan.graph and plan.pdl and graph_mode.pdl_available(g.arch) else []
+        if plan.graph and plan.pdl and render.pdl_available(g.arch) else []
     pending = g.start_precompile(specs, plan.shapes, plan.Ms, db, not args.no_db, args.workers,
                                  pdl_Ms)
     try:

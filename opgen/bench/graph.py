@@ -31,7 +31,7 @@ over a model's step), reported beside the isolated one.
 * Only M <= MAX_M (decode, speculative decoding, small batches): above it a
   launch's start-up and tail are a small part of its time, and a graph row
   costs L times an isolated one.
-* PDL (where the arch has it, pdl_available): the same L layers with their
+* PDL (where the arch has it, render.pdl_available): the same L layers with their
   kernels built for programmatic dependent launch (Kernel(pdl=True):
   runtime/pdl.py's launch, which the capture records as programmatic edges),
   so that each layer starts under the previous one's tail; warmed up,
@@ -49,7 +49,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..codegen import hw, render
+from ..codegen import render
 from ..runtime import tiled
 from .failures import short_error
 from .roofline import _r
@@ -65,11 +65,6 @@ METHOD = (f"L distinct layers (own weights each; L >= {MIN_LAYERS}, their weight
 PDL_METHOD = ("the same layers with kernels built and launched for programmatic dependent "
               "launch (each starts under the previous one's tail), captured and timed the same "
               f"way; sm_{render.PDL_MIN_CC}+")
-
-
-def pdl_available(arch: str) -> bool:
-    """Whether arch has programmatic dependent launch (codegen/render.py's PDL_MIN_CC)."""
-    return hw.arch(arch).cc >= render.PDL_MIN_CC
 
 
 def layer_count(weight_bytes: int, layer_bytes: int, l2: int, cap: int) -> int:

@@ -13,6 +13,7 @@ import statistics
 import time
 from typing import Callable, List, Optional, Sequence
 
+from ..codegen import render
 from ..codegen.buckets import bucket_of
 from ..codegen.tolerance import BENCH_FACTOR, tolerance
 from ..runtime import op as ops
@@ -69,7 +70,7 @@ def time_spec(session, spec, N: int, K: int, Ms: Sequence[int], *, db, use_db: b
             op = ops.load(op.kernel_spec, N=N, K=K, db=db, use_db=use_db)
         problem = session.problem(op.spec, N, K, seed, mem_cap)
         pdl_op = None
-        if graph and pdl and graph_mode.pdl_available(session.arch):
+        if graph and pdl and render.pdl_available(session.arch):
             pdl_op = ops.load(op.spec, N=N, K=K, db=db, use_db=use_db, pdl=True)
     except Exception as e:
         for r in rows.values():

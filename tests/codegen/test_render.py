@@ -145,3 +145,5 @@ def test_pdl_quantize_and_its_arch():
         render.render(spec, cfg, "sm_89", pdl=True)
     with pytest.raises(ValueError, match="griddepcontrol needs sm_90"):
         render.render_quantize(s, "sm_80", pdl=True)
+    assert render.pdl_available("sm_90")
+    assert not render.pdl_available("sm_89") and not render.pdl_available("sm_80")

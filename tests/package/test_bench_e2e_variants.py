@@ -29,6 +29,11 @@ def test_variant_names():
     assert v.name == "opgen:w8a8_int8" and v.spec.name == "w8a8_int8" and v.act == "int8"
     assert ev.variant("opgen:bnb_nf4").act is None
     assert ev.variant("torch_int4").act == "bfloat16"
+    v = ev.variant("opgen:w4a16_sym_g128+pdl")
+    assert v.name == "opgen:w4a16_sym_g128+pdl" and v.spec.name == "w4a16_sym_g128" and v.pdl
+    assert not ev.variant("opgen:w4a16_sym_g128").pdl
+    assert ev.variant("opgen:w4a16_sym_g128+pdl").unavailable(torch.device("cpu")).startswith(
+        "programmatic dependent launch needs a GPU")
     for bad in ("opgen:", "int4", "gemlite"):
         with pytest.raises(ValueError, match="unknown variant"):
             ev.variant(bad)

@@ -16,6 +16,7 @@ from opgen.bench.graph import (L2_FACTOR, MAX_LAYERS, MIN_LAYERS, checked_layer_
                                layer_count)
 from opgen.bench.opgen_rows import as_kernel
 from opgen.bench.runner import Gpu
+from opgen.codegen import render
 from opgen.codegen.tolerance import BENCH_FACTOR, tolerance
 from opgen.runtime import op as ops
 
@@ -173,11 +174,6 @@ def test_pdl_variant_is_checked_against_the_plain_kernels():
     assert "opgen_graph_pdl_us" not in out and "graph_pdl_verified" not in out
 
 
-def test_pdl_available():
-    assert graph.pdl_available("sm_90")
-    assert not graph.pdl_available("sm_89") and not graph.pdl_available("sm_80")
-
-
 def test_compare():
     a = [np.ones((2, 4), np.float32), np.full((2, 4), 2, np.float32)]
     assert graph.compare(a, [x.copy() for x in a]) == (0, 0.0)
@@ -208,7 +204,7 @@ def test_graph_mode_on_the_gpu(record):
             assert r["graph_layers"] >= MIN_LAYERS and r["graph_bytes"] > L2_FACTOR * g.l2
             assert r["graph_verified"] is True, r
             pdl_us = r.get("opgen_graph_pdl_us")
-            if graph.pdl_available(g.arch):           # the same layers' PDL kernels, checked too
+            if render.pdl_available(g.arch):           # the same layers' PDL kernels, checked too
                 assert r.get("graph_pdl_error") is None and r["graph_pdl_verified"] is True, r
                 assert math.isfinite(pdl_us) and 0 < pdl_us < 10 * r["opgen_us"], r
             record(check="bench graph mode", spec=name, M=r["M"], layers=r["graph_layers"],

@@ -18,8 +18,10 @@ import opgen.torch as ot  # noqa: E402
 from opgen import checkpoints as ck  # noqa: E402
 from opgen.codegen.resolve import as_spec  # noqa: E402
 from opgen.codegen import reference as R  # noqa: E402
+from opgen.codegen import render  # noqa: E402
 from opgen.codegen.quantize_weight import quantize  # noqa: E402
 from opgen.codegen.tolerance import tolerance  # noqa: E402
+from opgen.runtime.device import current_arch  # noqa: E402
 
 WEIGHT_ONLY = ["gptq_v1_w4a16_g128", "gptq_v2_w4a16_g128", "awq_w4a16_g128", "bnb_nf4", "bitnet_b158"]
 # int8 activations: W8A8 and sub-byte weights widened to int8 (issue 29)
@@ -149,6 +151,21 @@ def test_cpu_forward_matches_dequantized_model(spec):
     assert got.shape == (2, 3, 10) and got.dtype == torch.float32
     # fp16 activations and outputs between layers; A8_SPECS also int8 activations
     assert rel_err(got, want) <= (3e-2 if spec in A8_SPECS else 2e-3)
+
+
+def test_pdl_layers_have_their_own_ops():
+    """pdl=True (replace_linear's, QuantLinear's) registers the layer's
+    (spec, N, K) apart from the plain launch; on the CPU both compute the
+    reference."""
+    plain, pdl = tiny_mlp(), tiny_mlp()
+    pdl.load_state_dict(plain.state_dict())
+    ot.replace_linear(plain, "w4a16_sym_g128")
+    ot.replace_linear(pdl, "w4a16_sym_g128", pdl=True)
+    assert not plain[0].pdl and pdl[0].pdl and "pdl=True" in repr(pdl[0])
+    assert plain[0].handle != pdl[0].handle
+    assert ot._ENTRIES[pdl[0].handle].pdl and not ot._ENTRIES[plain[0].handle].pdl
+    x = torch.randn(3, 256)
+    assert torch.equal(plain(x), pdl(x))
 
 
 def test_layer_matches_reference_matmul():
@@ -452,6 +469,41 @@ def test_gpu_cuda_graph_replay_equals_eager(spec):
         torch.cuda.synchronize()
         with torch.no_grad():
             assert torch.equal(static_out, model(static_x))
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("spec", ["w4a16_sym_g128", "w8a8_int8"])
+def test_gpu_pdl_layers_in_a_torch_graph_equal_plain_ones(spec):
+    """Layers launched for programmatic dependent launch, behind torch's own
+    kernels (which give no early signal) and each other, captured in a torch
+    CUDA graph: bit-equal to the plain layers run eagerly (the same configs,
+    the same sums; only the launch differs). M = 1 and 16: the GEMVs and a
+    GEMM."""
+    if not render.pdl_available(current_arch()):
+        pytest.skip(f"no programmatic dependent launch on {current_arch()}")
+    plain, pdl = tiny_mlp().cuda().half(), tiny_mlp().cuda().half()
+    pdl.load_state_dict(plain.state_dict())
+    ot.replace_linear(plain, spec)
+    ot.replace_linear(pdl, spec, pdl=True)
+    for M in (1, 16):
+        static_x = torch.randn(M, 256, device="cuda").half()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad(), torch.cuda.stream(side):     # warm-up: compile, load, workspaces
+            for _ in range(3):
+                pdl(static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph, stream=side):
+            static_out = pdl(static_x)
+        for seed in range(3):
+            torch.manual_seed(200 + seed)
+            static_x.copy_(torch.randn(M, 256, device="cuda").half())
+            graph.replay()
+            torch.cuda.synchronize()
+            with torch.no_grad():
+                assert torch.equal(static_out, plain(static_x)), (spec, M, seed)
 
 
 @pytest.mark.gpu
