@@ -71,7 +71,7 @@ class _Entry:
 
 
 _ENTRIES: List[_Entry] = []
-_HANDLES: Dict[Tuple[str, int, int], int] = {}
+_HANDLES: Dict[Tuple[str, int, int, bool], int] = {}
 
 
 def handle_for(spec: Spec, N: int, K: int, pdl: bool = False) -> int:
@@ -250,7 +250,8 @@ class QuantLinear(nn.Module):
     storage dtypes; `model.half()` and friends move them but never cast
     them. forward(x[..., K]) -> [..., N], in x's float dtype. pdl: its
     kernels launched for programmatic dependent launch (sm_90+; MatmulOp's;
-    off by default until measured: docs/performance.md, item 13).
+    off by default until measured: docs/performance.md, "Programmatic
+    dependent launch").
     """
 
     def __init__(self, spec: Union[Spec, str], in_features: int, out_features: int,
@@ -400,7 +401,9 @@ class QuantLinear(nn.Module):
     def __setstate__(self, state):
         # handles are per process: a pickled (torch.save(model)) layer
         # registers its (spec, N, K) again in the process that unpickles it
+        # (a layer pickled before layers had pdl launches plainly)
         super().__setstate__(state)
+        self.__dict__.setdefault("pdl", False)
         self._register_handles()
 
     # --- state dict ---
