@@ -165,6 +165,12 @@ class Calibration:
     # kernel on this device: until then the heuristic picks the one-set
     # kernel (the tuner times both, and keeps only verified winners).
     inflight_sums_verified: bool = False
+    # The rs GEMM decodings (planner.rs.kernel_class) whose pair-table kernel
+    # (Config.pair_table: each byte's two values looked up at once) was
+    # checked against the reference and timed faster than theirs on this
+    # device: the heuristic takes it for them (the tuner times both, and
+    # keeps only verified winners).
+    rs_pair_tables: FrozenSet[str] = frozenset()
     # What decoding one weight row costs an rs GEMM block, in rows of M it
     # multiplies that row by (planner.heuristic's rs tile score).
     rs_decode_rows: int = 64
@@ -241,6 +247,11 @@ H200 = Calibration(
         "fp4_cvt_scale/pairs": {(64, 16): 69, (64, 32): 76, (64, 64): 86, (64, 128): 122, (64, 256): 182,
                                 (128, 16): 95, (128, 32): 95, (128, 64): 110, (128, 128): 146},
         "table_cvt_scale/pairs": {(64, 16): 80, (64, 32): 95, (64, 64): 96, (64, 128): 128, (64, 256): 220},
+        # NF4 and MXFP4 with each byte's pair looked up at once (Config.pair_table):
+        # the most ptxas took over both where no cap bound it (none spilled).
+        "pair_table_cvt_scale/pairs": {(64, 16): 72, (64, 32): 80, (64, 64): 96, (64, 128): 127,
+                                       (64, 256): 188, (128, 16): 128, (128, 32): 128, (128, 64): 128,
+                                       (128, 128): 168},
     },
     # Every config of each against the reference on the H200 at odd M, N, K
     # (test_kernel.py::test_rs_matches_reference; docs/performance.md#rs-gemm).

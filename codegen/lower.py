@@ -261,6 +261,8 @@ class Decode:
     sign_flip_hex: str = ""   # XOR applied to each word first (two's complement codes)
     sub_value: int = 0        # magic: magic_base + code bias (+ const zero), what one subtract removes;
                               # widen: the code bias (+ const zero)
+    high_first: bool = False  # pair_table: an entry holds (value of its byte's high nibble, of the
+                              # low one), where the layout puts the pair's first code (even k) high
 
 
 def _h(x: int) -> str:
@@ -268,18 +270,26 @@ def _h(x: int) -> str:
 
 
 def pair_table_ok(lay: Layout, num: Numerics) -> bool:
-    """4-bit codebook codes (NF4, fp4 e2m1): the GEMV decodes a byte (two
-    codes) with one shared-memory load from a table of value pairs."""
+    """4-bit codebook codes (NF4, fp4 e2m1): the GEMV (and the rs GEMM, where
+    each lane's pairs are bytes: rs_byte_pairs) decodes a byte (two codes)
+    with one shared-memory load from a table of value pairs."""
     return lay.bits == 4 and num.table is not None and num.code_kind in ("table", "fp4")
 
 
+# The table of value pairs (decode.cuh.j2's g_pair): 256 bytes' pairs of
+# 2-byte values, one copy per lane (a warp's lookups then never share a bank).
+PAIR_TABLE_BYTES = 256 * 32 * 4
+
+
 @functools.lru_cache(maxsize=None)
-def decode_plan(lay: Layout, num: Numerics, pair_table: bool = False) -> Decode:
-    """pair_table: the caller pairs codes by byte (vector(..., byte_pairs=True))."""
+def decode_plan(lay: Layout, num: Numerics, pair_table: bool = False, high_first: bool = False) -> Decode:
+    """pair_table: the caller pairs codes by byte (vector(..., byte_pairs=True),
+    or rs_byte_pairs), the first of each pair in the byte's high nibble where
+    high_first."""
     bits = lay.bits
     if pair_table:
         assert pair_table_ok(lay, num)
-        return Decode("pair_table", 0xFF, False)
+        return Decode("pair_table", 0xFF, False, high_first=high_first)
     mask = (1 << bits) - 1 if bits < 32 else 0xFFFFFFFF
     kind = num.code_kind
     f16 = num.compute_t == "half"
@@ -473,6 +483,19 @@ def rs_pairs(lay: Layout, BK: int) -> Optional[Tuple[Tuple[RsPair, RsPair], ...]
             halves.append(RsPair(words[0], a0 % 32, step, gap, split))
         out.append(tuple(halves))
     return tuple(out)
+
+
+def rs_byte_pairs(pairs) -> Optional[bool]:
+    """Whether every lane's pair of 4-bit codes is one byte's two nibbles
+    (rs_pairs: the two a nibble apart, lanes whole bytes apart), what a
+    pair table looks up at once: the first code in the high nibble (True),
+    in the low one (False); None where they are not."""
+    gaps = {p.gap for hs in pairs for p in hs}
+    if len(gaps) != 1 or abs(next(iter(gaps))) != 4:
+        return None
+    if any((p.shift + min(p.gap, 0)) % 8 or p.step % 8 or p.split != 4 for hs in pairs for p in hs):
+        return None
+    return next(iter(gaps)) < 0
 
 
 # The pairs of 4-bit codes in the interleaved order 0, 2, 4, 6, 1, 3, 5, 7:

@@ -69,6 +69,9 @@ class Config:
                                  # two k-tiles issued back to back into two sets of sums, the
                                  # first added up while the second runs (the one-set kernel
                                  # waits for each tile's before it issues the next)
+    pair_table: bool = False  # gemm (rs, 4-bit codebook or e2m1 codes whose pairs are bytes):
+                              # each byte's two values looked up at once in a shared table of
+                              # value pairs (one copy per lane: 32 KiB), not code by code
 
     @property
     def name(self) -> str:
@@ -87,8 +90,9 @@ class Config:
         ra = f"_r{self.raster}" if self.raster else ""
         rs = (f"_rs{self.kgroups}" if self.kgroups != 1 else "_rs") if self.rs else ""
         ins = "_is" if self.inflight_sums else ""
+        pt = "_pt" if self.pair_table else ""
         return (f"gemm_{self.BM}x{self.BN}x{self.BK}_w{self.WM}x{self.WN}"
-                f"_p{self.stages}_s{self.split_k}{occ}{wg}{tma}{cl}{ra}{rs}{ins}{pd}")
+                f"_p{self.stages}_s{self.split_k}{occ}{wg}{tma}{cl}{ra}{rs}{pt}{ins}{pd}")
 
     def to_dict(self) -> dict:
         return asdict(self)

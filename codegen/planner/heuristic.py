@@ -75,7 +75,9 @@ def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, deep: bool)
     """Waves of blocks times one block's work: BN weight rows, each decoded
     once (decode_rows: that cost in rows of M, by decoding: `_rs_pick`)
     and multiplied by BM activation rows; then the tallest,
-    widest tile, and the depth, k-groups and ring the tuned winners had
+    widest tile, the pair table (a candidate only where
+    hw.Calibration.rs_pair_tables has it: its 32 KiB may shorten the
+    ring), and the depth, k-groups and ring the tuned winners had
     with it: 64-deep k-tiles at 256 rows (their registers); 128 weight rows
     in one k-group of 4 stages from 128 rows, else two of 8 (12 at 16
     rows); 64 weight rows in two k-groups (four at 16 rows) of 8 stages
@@ -90,7 +92,7 @@ def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, deep: bool)
         kgroups, stages = 4, 12
     else:
         kgroups, stages = (2, 6) if c.BM >= 128 else (2, 8)
-    return (-(-blocks // sms) * c.BN * (decode_rows + c.BM), -c.BM, -c.BN,
+    return (-(-blocks // sms) * c.BN * (decode_rows + c.BM), -c.BM, -c.BN, not c.pair_table,
             c.BK != bk, c.kgroups != kgroups, c.stages != stages)
 
 
@@ -138,15 +140,16 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     sms = sms or hw.planned_device(arch).sms
     pick_rs = rs_pickable(spec, arch)
     cal = hw.calibration(arch)
+    kind = kernel_class(spec, arch)
     cands = [c for c in candidates(spec, arch, M, N, K, sms)
              if c not in exclude and (pick_rs or not c.rs) and a8_pickable(spec, c, arch)
-             and (cal.inflight_sums_verified or not c.inflight_sums)]
+             and (cal.inflight_sums_verified or not c.inflight_sums)
+             and (kind in cal.rs_pair_tables or not c.pair_table)]
     if not cands:
         raise PlanError(f"{spec.name}: no kernel configuration fits M={M} N={N} K={K} on {arch} "
                         f"once {len(exclude)} excluded ones are left out")
     tc = [c for c in cands if c.tc]
     rs = [c for c in cands if c.rs]                 # (only where rs_pickable)
-    kind = kernel_class(spec, arch) if rs else None
     if 9 <= M <= 16 and rs and _rs_from_m9(kind, N, sms, cal):
         return _rs_pick(rs, kind, M, N, sms, cal)
     if 2 <= M <= 16 and tc:

@@ -22,7 +22,7 @@ def family_of(cfg: Config) -> Family:
     """The family whose kernel a config runs (a predecode config's: its GEMM's)."""
     if cfg.family in ("gemv", "dequant"):
         return FAMILIES[cfg.family]
-    if cfg.rs:
+    if cfg.rs or cfg.kgroups != 1 or cfg.pair_table:
         return FAMILIES["rs"]
     if cfg.tma or cfg.cluster != 1 or cfg.raster or cfg.inflight_sums:
         return FAMILIES["tma"]

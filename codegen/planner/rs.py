@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 from .. import hw
-from ..lower import (Decode, Layout, Numerics, decode_plan, numerics, rs_pairs,
-                     rs_pairs_are_interleaved4, weight_layout, zero_sub_bits)
+from ..lower import (PAIR_TABLE_BYTES, Decode, Layout, Numerics, decode_plan, numerics, pair_table_ok,
+                     rs_byte_pairs, rs_pairs, rs_pairs_are_interleaved4, weight_layout, zero_sub_bits)
 from ..spec import WEIGHT_CODES, Spec
 from .config import Config, PlanError
 from .gemm import grid
@@ -22,7 +22,7 @@ RS_TILES_K = (64, 128)       # 256 measured slower than 128 at M = 16 / 64 / 128
 RS_STAGES = (4, 6, 8, 12)
 # How the rs GEMM turns a lane's pair of codes into a fragment register
 # (lower.decode_plan's methods it has).
-RS_DECODES = ("magic", "fp4", "table", "e4m3", "e5m2")
+RS_DECODES = ("magic", "fp4", "table", "pair_table", "e4m3", "e5m2")
 # Registers an MMA thread takes, by rs_kernel and (BK, BM), as measured (hw.Calibration).
 RS_REGS = hw.calibration("sm_90").rs_regs
 
@@ -46,10 +46,23 @@ def _int_zero(num: Numerics, dec: Decode) -> bool:
     return num.zero_kind == "int" and zero_sub_bits(num, dec, WEIGHT_CODES[num.zero_dtype].bits) is not None
 
 
-def kernel_class(spec: Spec, arch: str) -> Optional[str]:
+def _decode(lay: Layout, num: Numerics, pairs, pair_table: bool) -> Optional[Decode]:
+    """The rs GEMM's decoding of these pairs (pair_table: by a table of value
+    pairs, Config.pair_table); None where a pair table does not apply (codes
+    that are not 4-bit codebook or e2m1 ones, pairs that are not bytes)."""
+    if not pair_table:
+        return decode_plan(lay, num)
+    high_first = rs_byte_pairs(pairs)
+    if not pair_table_ok(lay, num) or high_first is None:
+        return None
+    return decode_plan(lay, num, pair_table=True, high_first=high_first)
+
+
+def kernel_class(spec: Spec, arch: str, pair_table: bool = False) -> Optional[str]:
     """"decode/fetch/type" of spec's rs GEMM on arch (rs_kernel and the
-    activations' type: what hw.Calibration.rs_verified lists); None when it
-    has none."""
+    activations' type: what hw.Calibration.rs_verified lists), with its
+    pairs looked up in a table of value pairs where pair_table
+    (Config.pair_table); None when it has none."""
     a = hw.arch(arch)
     if not a.wgmma:
         return None
@@ -57,7 +70,9 @@ def kernel_class(spec: Spec, arch: str) -> Optional[str]:
     pairs = rs_pairs(lay, RS_TILES_K[-1])
     if num.dense or pairs is None:
         return None
-    dec = decode_plan(lay, num)
+    dec = _decode(lay, num, pairs, pair_table)
+    if dec is None:
+        return None
     return f"{rs_kernel(num, dec, _int_zero(num, dec), pairs)}/{num.mma}"
 
 
@@ -74,6 +89,8 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     0, 2, 4, 6, 1, 3, 5, 7 puts at bits 4q and 16 + 4q, so one shift, one lop3
     with the magic number, one subtract (of the magic number, with integer
     zero points its row's zero too) and one scale per pair."""
+    if not cfg.rs:
+        raise PlanError("k-groups and pair tables are for rs configs (the rs GEMM)")
     if not (a.tma and a.wgmma and cfg.tma and cfg.wgmma):
         raise PlanError(f"the rs GEMM is a tma wgmma config on sm_90a (target {a.name})")
     if num.dense:
@@ -87,7 +104,10 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     if w_rowb % 16:
         raise PlanError(f"a {cfg.BK}-deep k-tile of {lay.bits}-bit codes is {w_rowb} bytes a row; "
                         "the rs GEMM loads rows in 16-byte pieces")
-    dec = decode_plan(lay, num)
+    dec = _decode(lay, num, pairs, cfg.pair_table)
+    if dec is None:
+        raise PlanError("a pair table is for 4-bit codebook or e2m1 codes whose lanes' pairs are "
+                        "bytes (a byte's two nibbles)")
     int_zero = _int_zero(num, dec)
     float_zero = num.zero_kind == "float" and dec.method == "magic"
     zero_ok = num.zero_kind in ("none", "const") or int_zero or float_zero
@@ -129,8 +149,9 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     # The k-groups' partial sums meet in shared memory once the ring is drained.
     red = (cfg.kgroups - 1) * (cfg.BN // 64) * 128 * (cfg.BM // 2) * 4
     smem = max(cfg.stages * (a_tile + w_tile), red) + 1024
-    if smem + STATIC_SMEM_RESERVE > a.smem_per_block:
-        raise PlanError(f"{smem} bytes of shared memory > {a.smem_per_block} on {a.name}")
+    table = PAIR_TABLE_BYTES if cfg.pair_table else 0      # (static, beside the dynamic part)
+    if smem + table + STATIC_SMEM_RESERVE > a.smem_per_block:
+        raise PlanError(f"{smem + table} bytes of shared memory > {a.smem_per_block} on {a.name}")
     consumers = cfg.BN // 64 * cfg.kgroups
     cal = hw.calibration(a.name)
     kernel = rs_kernel(num, dec, int_zero, pairs)
@@ -162,7 +183,7 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
                 grid_tiles=(cfg.BN, cfg.BM), acc_int=False, mma_ptx=mma.ptx, inflight=1,
                 target=hw.WGMMA_TARGET[a.name], wgmma_types=hw.WGMMAS[num.mma].types,
                 pairs=pairs, interleaved4=rs_pairs_are_interleaved4(pairs), words=w_rowb // 4,
-                kernel=kernel, spt=spt)
+                kernel=kernel, spt=spt, dec=dec)
 
 
 FAMILY = Family("rs", geometry, kind=lambda cfg, g: "gemm_rs", grid=grid, shape_ok=stored_rows_ok,

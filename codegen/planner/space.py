@@ -85,8 +85,9 @@ def all_configs() -> List[Config]:
             for BK in RS_TILES_K:
                 for stages in RS_STAGES:
                     for kg in (1, 2, 4):
-                        out.append(Config("gemm", BM, BN, BK, 64, BM, stages, 1, wgmma=True, tma=True,
-                                          rs=True, kgroups=kg))
+                        for pt in (False, True):       # (pair tables: geometry)
+                            out.append(Config("gemm", BM, BN, BK, 64, BM, stages, 1, wgmma=True, tma=True,
+                                              rs=True, kgroups=kg, pair_table=pt))
     for mmax in (1, 2, 4, 8):
         for warps in (4, 8):
             for cols in (1, 2, 4):

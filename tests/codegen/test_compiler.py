@@ -5,6 +5,7 @@ spills or local memory for the default configs; the PDL instructions of
 kernels compiled with pdl, and their L2 prefetches before the wait; the
 cubin cache. Every
 shipped spec built for every arch: test_build.py."""
+import collections
 import dataclasses
 import os
 import re
@@ -174,7 +175,7 @@ def test_rs_gemm_sass_and_resources(name, kernel):
     rings = {}
     for M in (16, 64, 256):
         for c in planner.candidates(s, "sm_90", M, 8192, 8192):
-            if c.rs:
+            if c.rs and not c.pair_table:          # (pair tables: test_rs_pair_table_sass_and_resources)
                 rings.setdefault((c.BM, c.BN, c.BK, c.kgroups), {})[c.stages] = c
     deepest = [r[max(r)] for r in rings.values()]
     # (NF4's scale groups of 64 take only 64-deep k-tiles; 1-bit rows of a
@@ -199,6 +200,54 @@ def test_rs_gemm_sass_and_resources(name, kernel):
     # ptxas held some config of each (BK, BM) within the table (where its
     # cap lets it, it may take more: the table is what the warp producer
     # may cap it at without spills, checked above)
+    assert all(n <= table[key] for key, n in least.items()), least
+
+
+def _op_counts(sass: str) -> collections.Counter:
+    """SASS opcodes (without modifiers or predicates) and how often each occurs."""
+    return collections.Counter(m.group(1).split(".")[0] for m in
+                               re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bnb_nf4", "mxfp4"])
+def test_rs_pair_table_sass_and_resources(name):
+    """The pair-table rs GEMMs (Config.pair_table) of NF4 and MXFP4, each
+    kind of config in its deepest ring: no spills or local memory, TMA and
+    HGMMA in the SASS, wgmma not serialized; ptxas held some config of each
+    (BK, BM) within RS_REGS["pair_table_cvt_scale/pairs"]. And each is a
+    shorter kernel than the same config decoding code by code (NF4: 1048 ->
+    808 SASS instructions at 16 x 64 x 64, two k-groups; one shared-memory
+    load a pair, not two; MXFP4: e2m1's shifts, masks and exponent multiply
+    replaced by prmt + lea + lds, 1072 -> 904)."""
+    s = planner.execution_spec(spec(name), "sm_90")
+    table = planner.RS_REGS["pair_table_cvt_scale/pairs"]
+    rings = {}
+    for M in (16, 64, 256):
+        for c in planner.candidates(s, "sm_90", M, 8192, 8192):
+            if c.pair_table:
+                rings.setdefault((c.BM, c.BN, c.BK, c.kgroups), {})[c.stages] = c
+    deepest = [r[max(r)] for r in rings.values()]
+    assert len(deepest) >= 30 and {c.BK for c in deepest} == {64, 128}
+    least, shorter = {}, 0
+    for cfg in deepest:
+        _check_sm90_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
+        c = compiler.compile_kernel(s, cfg, "sm_90")
+        assert "C7513" not in c.log, f"{cfg.name}: wgmma serialized"
+        if c.geometry["regs"] is None:
+            key = (cfg.BK, cfg.BM)
+            least[key] = min(least.get(key, 256), c.resources["registers"])
+        code_by_code = dataclasses.replace(cfg, pair_table=False)
+        try:
+            base = compiler.compile_kernel(s, code_by_code, "sm_90")
+        except planner.PlanError:          # (a tile the code-by-code decoding has no register table for)
+            continue
+        ops, base_ops = _op_counts(compiler.disassemble(c.cubin)), _op_counts(compiler.disassemble(base.cubin))
+        assert sum(ops.values()) < sum(base_ops.values()), cfg.name
+        if name == "bnb_nf4":
+            assert ops["LDS"] < base_ops["LDS"], cfg.name
+        shorter += 1
+    assert shorter >= 10
     assert all(n <= table[key] for key, n in least.items()), least
 
 

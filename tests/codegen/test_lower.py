@@ -3,7 +3,7 @@ address it, the numerics of each spec, and weight vectors (the units decoded
 tiles are built of)."""
 import pytest
 
-from opgen.codegen.lower import numerics, vector, weight_layout
+from opgen.codegen.lower import decode_plan, numerics, rs_byte_pairs, rs_pairs, vector, weight_layout
 from opgen.codegen.resolve import load_spec, shipped_specs
 from opgen.codegen.spec import weight_storage_shape
 
@@ -56,3 +56,18 @@ def test_numerics_dense_and_fp8_fallback(name):
         assert old.mma == "float16" and old.a_decode and not old.dense
     else:
         assert old == num
+
+
+def test_rs_byte_pairs():
+    """A lane's pair is one byte's two nibbles in NF4 (the first code, even
+    k, in the high nibble: bitsandbytes' order) and MXFP4 (low nibble
+    first); not in the interleaved 4-bit words (a word's two halves), nor
+    for 2-bit or 8-bit codes. The pair table's entry order follows."""
+    want = {"bnb_nf4": True, "mxfp4": False, "w4a16_sym_g128": None, "w2a16_g128": None,
+            "bitnet_b158": None, "fp8_e4m3_w8a16": None}
+    for name, high_first in want.items():
+        lay = weight_layout(spec(name))
+        assert rs_byte_pairs(rs_pairs(lay, 128)) is high_first, name
+    lay, num = weight_layout(spec("bnb_nf4")), numerics(spec("bnb_nf4"))
+    assert decode_plan(lay, num, pair_table=True, high_first=True).high_first
+    assert not decode_plan(lay, num, pair_table=True).high_first

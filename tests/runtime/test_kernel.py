@@ -421,6 +421,47 @@ def test_rs_matches_reference(name, M, N, K, record):
     check_all(spec, cfgs, M, N, K, record)
 
 
+PAIR_TABLE_SPECS = [n for n in RS_SPECS
+                    if any(c.pair_table for c in planner.candidates(_run_spec(n), "sm_90", 70, 1024, 1024))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", PAIR_TABLE_SPECS)
+@pytest.mark.parametrize("M,N,K", [(13, 264, 1152), (300, 1032, 2176)])
+def test_pair_tables_equal_the_code_by_code_kernel(name, M, N, K, record):
+    """The rs GEMM's pair tables (Config.pair_table: each byte's two values
+    looked up at once) hold the values the code-by-code decoding computes,
+    in the same fp16 rounding, so each config's output equals its
+    code-by-code twin's bit for bit (where the twin has that tile), and the
+    reference within its tolerance. hw.Calibration.rs_pair_tables waits for
+    this and a timing."""
+    spec = _run_spec(name)
+    cands = planner.candidates(spec, current_arch(), M, N, K)
+    cfgs = [c for c in cands if c.pair_table]
+    if not cfgs:
+        pytest.skip(f"no pair-table configs on {current_arch()}")
+    twins = {c: replace(c, pair_table=False) for c in cfgs}
+    twins = {c: t for c, t in twins.items() if t in set(cands)}
+    for _ in compile_many({(spec, c, current_arch()) for c in cfgs} | {(spec, t, current_arch()) for t in twins.values()}):
+        pass
+    rng = np.random.default_rng(M + K)
+    tensors, _ = weights(spec, N, K)
+    a, a_scale = random_activation(spec, M, K, rng)
+    sess = session()
+    dev = sess.to_device
+    for i, c in enumerate(cfgs):
+        if c in twins:
+            outs = []
+            for cfg in (c, twins[c]):
+                out = sess.xp.full((M, N), tiled.poison(spec), dtype=tiled.out_dtype(spec))
+                Kernel(spec, cfg)(dev(a), {k: dev(v) for k, v in tensors.items()}, out, a_scale=dev(a_scale))
+                sess.synchronize()
+                outs.append(sess.to_host(out))
+            assert np.array_equal(outs[0].view(np.uint8), outs[1].view(np.uint8)), f"{c.name} differs from {twins[c].name}"
+        run_check(spec, c, M, N, K, seed=i, record=record)
+    assert len(twins) >= len(cfgs) // 2
+
+
 A8_GEMV_SPECS = [n for n in MATMUL_SPECS if any(
     c.family == "gemv" and planner.kernel_numerics(_run_spec(n), c, "sm_90").a_staged_scale
     for c in planner.candidates(_run_spec(n), "sm_90", 1, 1024, 1024))]

@@ -184,3 +184,21 @@ def test_inflight_sums_wait_for_the_device(monkeypatch):
     monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, inflight_sums_verified=True))
     picks = {planner.heuristic(s, "sm_90", M, 8192, 8192) for M in (64, 1024, 4096)}
     assert any(c.inflight_sums for c in picks)
+
+
+def test_pair_tables_wait_for_the_device(monkeypatch):
+    """NF4's and MXFP4's pair-table rs GEMMs are candidates (the tuner times
+    and verifies them) but the heuristic picks one only for a decoding
+    listed in hw.Calibration.rs_pair_tables (checked and timed faster on
+    the device); then the same tile as before, with the table."""
+    for name in ("bnb_nf4", "mxfp4"):
+        s = spec(name)
+        before = {M: planner.heuristic(s, "sm_90", M, 8192, 8192) for M in (32, 64, 256)}
+        assert all(c.rs and not c.pair_table for c in before.values())
+        assert all(any(c.pair_table for c in planner.candidates(s, "sm_90", M, 8192, 8192)) for M in before)
+        kind = planner.rs.kernel_class(s, "sm_90")
+        monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, rs_pair_tables=frozenset({kind})))
+        for M, c in before.items():
+            pick = planner.heuristic(s, "sm_90", M, 8192, 8192)
+            assert pick.pair_table and (pick.BM, pick.BN) == (c.BM, c.BN), (name, M, pick.name)
+        monkeypatch.undo()

@@ -122,3 +122,38 @@ def test_scale_groups_shorter_than_a_tile_take_no_zero_points():
                                                         formula="q * s - z"))
     with pytest.raises(planner.PlanError, match="scale groups of 32 split a 64-deep k-tile"):
         planner.geometry(w2z, c, "sm_90")
+
+
+def test_pair_tables():
+    """Config.pair_table: NF4 and MXFP4, whose lanes' pairs are bytes, look
+    each byte's two values up at once (a 32 KiB table, static shared memory
+    beside the ring); other codes and layouts are refused with the reason,
+    and the flag without rs is no rs GEMM. Candidates for the tuner; the
+    heuristic takes them only where hw.Calibration.rs_pair_tables lists the
+    decoding (test_heuristic)."""
+    c = planner.Config("gemm", 64, 64, 64, 64, 64, 8, 1, wgmma=True, tma=True, rs=True, kgroups=2,
+                       pair_table=True)
+    assert c.name == "gemm_64x64x64_w64x64_p8_s1_wg_tma_rs2_pt"
+    for name, high_first in (("bnb_nf4", True), ("mxfp4", False)):
+        g = planner.geometry(spec(name), c, "sm_90")
+        assert g["dec"].method == "pair_table" and g["dec"].high_first is high_first
+        assert g["kernel"] == "pair_table_cvt_scale/pairs"
+        assert planner.rs.kernel_class(spec(name), "sm_90", pair_table=True) == "pair_table_cvt_scale/pairs/float16"
+        assert g["smem"] == planner.geometry(spec(name), dataclasses.replace(c, pair_table=False), "sm_90")["smem"]
+        cands = [x for x in planner.candidates(spec(name), "sm_90", 64, 8192, 8192) if x.rs]
+        assert any(x.pair_table for x in cands) and any(not x.pair_table for x in cands)
+    for name in ("w4a16_sym_g128", "w2a16_g128", "fp8_e4m3_w8a16", "bitnet_b158"):
+        assert planner.rs.kernel_class(spec(name), "sm_90", pair_table=True) is None
+        with pytest.raises(planner.PlanError, match="a pair table is for 4-bit codebook or e2m1 codes"):
+            planner.geometry(spec(name), c, "sm_90")
+        assert not any(x.pair_table for x in planner.candidates(spec(name), "sm_90", 64, 8192, 8192))
+    for bad in (dict(rs=False), dict(rs=False, pair_table=False)):
+        with pytest.raises(planner.PlanError, match="for rs configs"):
+            planner.geometry(spec("bnb_nf4"), dataclasses.replace(c, **bad), "sm_90")
+    # the table's 32 KiB count against the block's shared memory: a ring that
+    # fits without it does not with it
+    deep = dataclasses.replace(c, BM=128, WN=128, BN=64, BK=128, kgroups=1, stages=6, pair_table=False)
+    mx = spec("mxfp4")
+    assert planner.geometry(mx, deep, "sm_90")["smem"] + 32 * 1024 > hw.arch("sm_90").smem_per_block - 1024
+    with pytest.raises(planner.PlanError, match="shared memory"):
+        planner.geometry(mx, dataclasses.replace(deep, pair_table=True), "sm_90")
