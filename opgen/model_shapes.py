@@ -10,9 +10,11 @@ Covered: the attention projections (q/k/v/o from hidden_size,
 num_attention_heads, num_key_value_heads, head_dim), the MLP (gate/up/down
 from intermediate_size), mixture-of-experts experts (num_local_experts /
 num_experts, moe_intermediate_size; gpt-oss's fused gate_up), shared experts
-(shared_expert_intermediate_size) and, on request, lm_head. Routers are left
-out (a few dozen outputs, kept in float by every quantized format). N is the
-output size and K the input size, as in the tuning DB.
+(shared_expert_intermediate_size) and, on request, lm_head and the wider
+layers of siblings fused (FUSE_GROUPS: what `replace_linear(fuse=True)`
+runs). Routers are left out (a few dozen outputs, kept in float by every
+quantized format). N is the output size and K the input size, as in the
+tuning DB.
 """
 from __future__ import annotations
 
@@ -23,8 +25,13 @@ from typing import Dict, List, Mapping, Tuple, Union
 
 from .codegen.errors import UserError
 
-__all__ = ["LinearShape", "MODELS_DIR", "shipped_models", "model_config", "read_config",
+__all__ = ["LinearShape", "MODELS_DIR", "FUSE_GROUPS", "shipped_models", "model_config", "read_config",
            "linear_layers", "linear_shapes"]
+
+# Children of one module that read the same input, by their transformers
+# names: attention's q / k / v and the gated MLP's gate / up (Llama, Mistral,
+# Qwen2, Gemma, ...); opgen.fused_linear runs each group as one wider layer.
+FUSE_GROUPS: Tuple[Tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 @dataclass(frozen=True)
@@ -94,10 +101,11 @@ def _size(config: Mapping, key: str, source: str, prefix: str, default=None) -> 
     return v
 
 
-def linear_layers(config: Mapping, source: str = "config.json",
-                  lm_head: bool = False) -> List[Tuple[str, int, int]]:
+def linear_layers(config: Mapping, source: str = "config.json", lm_head: bool = False,
+                  fused: bool = False) -> List[Tuple[str, int, int]]:
     """(name, N, K) of each linear layer of one decoder layer (experts once,
-    not once per expert), then lm_head if asked."""
+    not once per expert), then with `fused` each FUSE_GROUPS group's wider
+    layer (named "prefix.q_proj+k_proj+v_proj"), then lm_head if asked."""
     config, pre = _text_config(config, source)
 
     def size(key, default=None):
@@ -128,6 +136,8 @@ def linear_layers(config: Mapping, source: str = "config.json",
             out += _mlp("mlp.", size("intermediate_size"), H)    # the dense layers among them
     else:
         out += _mlp("mlp.", size("intermediate_size"), H)
+    if fused:
+        out += _fused(out)
     if lm_head:
         out.append(("lm_head", size("vocab_size"), H))
     return out
@@ -137,11 +147,25 @@ def _mlp(prefix: str, I: int, H: int) -> List[Tuple[str, int, int]]:
     return [(prefix + "gate_proj", I, H), (prefix + "up_proj", I, H), (prefix + "down_proj", H, I)]
 
 
-def linear_shapes(config: Mapping, source: str = "config.json",
-                  lm_head: bool = False) -> List[LinearShape]:
+def _fused(layers: List[Tuple[str, int, int]]) -> List[Tuple[str, int, int]]:
+    """The wider layer of each FUSE_GROUPS group among layers (its members
+    children of one module, of one K): (prefix.a+b+c, the members' N summed, K)."""
+    shapes = {name: (N, K) for name, N, K in layers}
+    out = []
+    for prefix in dict.fromkeys(name.rpartition(".")[0] for name, _, _ in layers):
+        for group in FUSE_GROUPS:
+            members = [f"{prefix}.{child}" if prefix else child for child in group]
+            if all(m in shapes for m in members) and len({shapes[m][1] for m in members}) == 1:
+                wide = f"{prefix}.{'+'.join(group)}" if prefix else "+".join(group)
+                out.append((wide, sum(shapes[m][0] for m in members), shapes[members[0]][1]))
+    return out
+
+
+def linear_shapes(config: Mapping, source: str = "config.json", lm_head: bool = False,
+                  fused: bool = False) -> List[LinearShape]:
     """The distinct (N, K) of linear_layers, in order of first appearance,
     each with the names of the layers that have it."""
     by_shape: Dict[Tuple[int, int], List[str]] = {}
-    for name, N, K in linear_layers(config, source, lm_head):
+    for name, N, K in linear_layers(config, source, lm_head, fused):
         by_shape.setdefault((N, K), []).append(name)
     return [LinearShape(N, K, tuple(names)) for (N, K), names in by_shape.items()]

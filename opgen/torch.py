@@ -24,7 +24,7 @@ the GPU by CuPy, on the CPU by numpy, the same bytes either way.
 import fnmatch
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -38,13 +38,15 @@ from .codegen.render import PDL_MIN_CC, pdl_available
 from .codegen.spec import Spec
 from .codegen.resolve import as_spec
 from .codegen.transcode import transcode
+from .fused_linear import FUSE_GROUPS, FusedPart, fused_parts, install, sibling_groups
 from .runtime import arrays
 from .runtime.device import current_arch
 from .runtime.op import LAYOUTS, MatmulOp, QuantizeOp, quantize_spec
 from .runtime.progress import Progress
 
-__all__ = ["QuantLinear", "replace_linear", "ReplaceReport", "quantized", "quantize_activation",
-           "matmul", "quantize", "handle_for", "to_numpy", "to_array", "to_torch"]
+__all__ = ["QuantLinear", "replace_linear", "ReplaceReport", "fused_quant_linears", "rows_quantize_apart",
+           "quantized", "quantize_activation", "matmul", "quantize", "handle_for", "to_numpy", "to_array",
+           "to_torch"]
 
 _FLOAT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 # storage dtype names (checkpoints.expected_tensors' first choice) -> torch dtype
@@ -469,6 +471,42 @@ class QuantLinear(nn.Module):
 class ReplaceReport:
     replaced: List[str] = field(default_factory=list)
     skipped: Dict[str, str] = field(default_factory=dict)     # name -> why
+    fused: List[Tuple[str, ...]] = field(default_factory=list)  # siblings run as one layer
+
+
+def rows_quantize_apart(spec: Union[Spec, str]) -> bool:
+    """Whether spec quantizes each weight row on its own (group, channel or
+    no scales): stacked weights then quantize to the rows each would get
+    alone. A tensor scale is one for the whole weight."""
+    w = as_spec(spec).b
+    return w is None or w.scale is None or w.scale.granularity != "tensor"
+
+
+def _require_rows_apart(spec: Spec) -> None:
+    if not rows_quantize_apart(spec):
+        raise ValueError(f"fuse: {spec.name} scales whole weight tensors, so stacked siblings would "
+                         f"share one scale instead of each keeping its own")
+
+
+def fused_quant_linears(spec: Union[Spec, str], linears: Sequence[nn.Linear],
+                        pdl: bool = False) -> List[FusedPart]:
+    """Sibling linears that read the same input (fused_linear.sibling_groups)
+    as one QuantLinear of their stacked weights (and biases: zeros for those
+    without), quantized where they lie, and a part for each: its columns of
+    the wide layer's output (opgen.fused_linear). The codes, scales and zero
+    points are those each weight gets alone (rows_quantize_apart; ValueError
+    for a spec that scales whole tensors). pdl: QuantLinear's."""
+    spec = as_spec(spec)
+    _require_rows_apart(spec)
+    with torch.no_grad():
+        weight = torch.cat([lin.weight for lin in linears])
+        bias = None
+        if any(lin.bias is not None for lin in linears):
+            bias = torch.cat([lin.bias if lin.bias is not None
+                              else lin.weight.new_zeros(lin.out_features) for lin in linears])
+        wide = QuantLinear(spec, linears[0].in_features, weight.shape[0], bias=bias, device=weight.device,
+                           pdl=pdl, **quantized(spec, weight))
+    return fused_parts(wide, [lin.out_features for lin in linears])
 
 
 # replace_linear shows its progress once its layer loop has run this long
@@ -476,7 +514,8 @@ PROGRESS_AFTER_S = 1.0
 
 
 def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str] = (),
-                   quantize: bool = True, progress: bool = True, pdl: bool = False) -> ReplaceReport:
+                   quantize: bool = True, progress: bool = True, pdl: bool = False,
+                   fuse: Union[bool, Sequence[Sequence[str]]] = False) -> ReplaceReport:
     """Swap every nn.Linear of `model` (in place) for a QuantLinear of `spec`.
 
     Layers whose shapes the spec's alignment rules refuse (N % 8, K % 32,
@@ -486,7 +525,11 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
     model on the GPU is quantized there); quantize=False allocates zero
     storage instead (for a load_state_dict that follows). A loop running over
     PROGRESS_AFTER_S seconds shows its progress on stderr (progress=False:
-    never). pdl: QuantLinear's."""
+    never). pdl: QuantLinear's. fuse: siblings that read the same input
+    (True: fused_linear.FUSE_GROUPS, q / k / v and gate / up; or groups of
+    child names) run as one wider layer each (fused_quant_linears; with
+    quantize only, and a spec that quantizes rows apart), listed in the
+    report's `fused`."""
     spec = as_spec(spec)
     skip = list(skip)
     report = ReplaceReport()
@@ -494,13 +537,12 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
     if any(name == "" for name, _ in linears):
         raise ValueError("replace_linear swaps submodules; for a bare nn.Linear use "
                          "QuantLinear.from_linear")
-    prog, start, shown, n = Progress(progress), time.monotonic(), False, len(linears)
-    for i, (name, mod) in enumerate(linears):
-        if time.monotonic() - start >= PROGRESS_AFTER_S:
-            # on a pipe: the first line shown, then one per tenth of the layers
-            milestone = not shown or 10 * i // n != 10 * (i - 1) // n
-            prog.show(f"replace_linear {spec.name} {prog.bar(i, n)} {i}/{n} {name}", milestone=milestone)
-            shown = True
+    if fuse and not quantize:
+        raise ValueError("fuse: with quantize=False the layers are filled by a state dict of "
+                         "separate layers, which fused ones do not take")
+    if fuse:
+        _require_rows_apart(spec)
+    for name, mod in linears:
         if any(fnmatch.fnmatchcase(name, p) for p in skip):
             report.skipped[name] = "matches skip="
             continue
@@ -508,14 +550,32 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
             check_shape(spec, mod.out_features, mod.in_features)
         except ValueError as e:
             report.skipped[name] = str(e)
+    eligible = [name for name, _ in linears if name not in report.skipped]
+    groups = sibling_groups(model, eligible, FUSE_GROUPS if fuse is True else fuse) if fuse else []
+    lead = {g[0]: g for g in groups}
+    grouped = {n for g in groups for n in g}
+    prog, start, shown, n = Progress(progress), time.monotonic(), False, len(linears)
+    for i, (name, mod) in enumerate(linears):
+        if time.monotonic() - start >= PROGRESS_AFTER_S:
+            # on a pipe: the first line shown, then one per tenth of the layers
+            milestone = not shown or 10 * i // n != 10 * (i - 1) // n
+            prog.show(f"replace_linear {spec.name} {prog.bar(i, n)} {i}/{n} {name}", milestone=milestone)
+            shown = True
+        if name in report.skipped or (name in grouped and name not in lead):
+            continue
+        if name in lead:
+            group = lead[name]
+            install(model, dict(zip(group, fused_quant_linears(
+                spec, [model.get_submodule(m) for m in group], pdl=pdl))))
+            report.fused.append(group)
+            report.replaced.extend(group)
             continue
         if quantize:
             q = QuantLinear.from_linear(spec, mod, pdl=pdl)
         else:
             q = QuantLinear.empty(spec, mod.in_features, mod.out_features,
                                   bias=mod.bias is not None, device=mod.weight.device, pdl=pdl)
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, q)
+        install(model, {name: q})
         report.replaced.append(name)
     if shown or time.monotonic() - start >= PROGRESS_AFTER_S:
         prog.show(f"replace_linear {spec.name} {prog.bar(n, n)} {n}/{n}: {len(report.replaced)} "

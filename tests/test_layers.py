@@ -11,10 +11,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # source folder -> its import name (pyproject.toml's package-dir)
 PACKAGES = {"codegen": "opgen.codegen", "runtime": "opgen.runtime", "opgen": "opgen"}
 LAYER = {"opgen.codegen": 0, "opgen.runtime": 1}          # everything else in opgen: 2
-# optional heavy packages; opgen.torch and opgen.hf_checkpoint are the torch front ends
-# (importing them imports torch)
+# optional heavy packages; opgen.torch, opgen.fused_linear and opgen.hf_checkpoint are
+# the torch front ends (importing them imports torch)
 LAZY_OK = ("cupy", "torch", "matplotlib", "ray", "transformers", "gemlite", "safetensors",
-           "opgen.torch", "opgen.hf_checkpoint")
+           "opgen.torch", "opgen.fused_linear", "opgen.hf_checkpoint")
 
 
 def _modules():

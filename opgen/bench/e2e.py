@@ -237,19 +237,14 @@ class Bench:
         if why:
             return fail(f"skipped: {why}")
         t = time.perf_counter()
-        mods, reals = {}, {}
         try:
-            for n in self.names:
-                lin = self.model.get_submodule(n)
-                mod, real = v.layer(lin)
-                if mod is not lin:
-                    mods[n] = mod
-                if real is not None:
-                    reals[n] = real.to(torch.float16)
-                if n == self.names[0]:
-                    bad = check_layer(torch, v, mod, real, lin)
-                    if bad:
-                        return fail(bad)
+            mods, reals = v.layers(self.model, self.names)
+            first = self.names[0]
+            lin = self.model.get_submodule(first)
+            bad = check_layer(torch, v, mods.get(first, lin), reals.get(first), lin)
+            if bad:
+                return fail(bad)
+            reals = {n: w.to(torch.float16) for n, w in reals.items()}
         except Exception as e:
             return fail(f"quantize: {short_error(e)}")
         self.log(f"{name}: {len(mods)} layers made in {time.perf_counter() - t:.1f} s")
@@ -285,11 +280,17 @@ def precompile(bench: Bench, workers: Optional[int]) -> None:
     """Compile the kernels of every opgen variant, every linear shape and
     every M the run takes (decode: the batch; prefill: batch x prompt; the
     layer check), in parallel, before the first layer runs them."""
-    specs = [variant(n).spec for n in bench.plan.variants if n.startswith("opgen:")]
+    ours = [variant(n) for n in bench.plan.variants if n.startswith("opgen:")]
+    specs = [v.spec for v in ours]
     if not specs or bench.device.type != "cuda":
         return
-    shapes = list(dict.fromkeys((m.out_features, m.in_features)
-                                for m in map(bench.model.get_submodule, bench.names)))
+    shapes = [(m.out_features, m.in_features) for m in map(bench.model.get_submodule, bench.names)]
+    if any(v.fuse for v in ours):          # (the wide layers of the +fuse variants)
+        from ..fused_linear import sibling_groups      # (torch's: this module imports without it)
+        for group in sibling_groups(bench.model, bench.names):
+            mods = [bench.model.get_submodule(n) for n in group]
+            shapes.append((sum(m.out_features for m in mods), mods[0].in_features))
+    shapes = list(dict.fromkeys(shapes))
     Ms = sorted({CHECK_ROWS} | {B for B in bench.plan.batches}
                 | {B * bench.plan.prompt for B in bench.plan.batches})
     jobs = compiles.compile_jobs(specs, shapes, Ms, TuningDB(), True, current_arch())

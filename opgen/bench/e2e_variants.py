@@ -12,6 +12,9 @@ the reference of the variant's kernel error).
                   file), quantized where the weight lies (round to nearest)
     opgen:SPEC+pdl  the same, its kernels launched for programmatic
                   dependent launch (sm_90+: QuantLinear's pdl)
+    opgen:SPEC+fuse  the same, q / k / v and gate / up each run as one
+                  wider layer (opgen.torch.fused_quant_linears); options
+                  combine: opgen:SPEC+fuse+pdl
     torch_int4    torch._weight_int4pack_mm (tinygemm): 4-bit asymmetric,
                   group 128; bfloat16 activations, as tinygemm takes them
     gemlite_w4    gemlite's A16W4 (HQQ form (q - z) * s): 4-bit asymmetric,
@@ -23,7 +26,7 @@ known exactly."""
 from __future__ import annotations
 
 import functools
-from typing import Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -42,8 +45,8 @@ PEER_SPEC = "awq_w4a16_g128"
 DEFAULT_VARIANTS = ("fp16", "no_linear", "opgen:w4a16_sym_g128", "opgen:awq_w4a16_g128", "opgen:bnb_nf4",
                     "opgen:mxfp4", "opgen:w8a8_int8", "torch_int4", "gemlite_w4")
 PEERS = ("torch_int4", "gemlite_w4")
-# opgen:SPEC+pdl: the variant's kernels launched for programmatic dependent launch
-PDL_SUFFIX = "+pdl"
+# opgen:SPEC+OPTION...: pdl (programmatic dependent launch), fuse (sibling layers as one)
+OPGEN_OPTIONS = ("pdl", "fuse")
 
 
 class Variant:
@@ -65,6 +68,20 @@ class Variant:
         """(the layer replacing `linear`, its real weight [N, K] float32 on
         linear's device); fp16 keeps the linear: (linear, None)."""
         return linear, None
+
+    def layers(self, model, names: Sequence[str]) -> Tuple[Dict[str, object], Dict[str, object]]:
+        """The layers replacing model's linears `names` (those that are not
+        the linear itself) and their real weights (where there are): `layer`
+        of each."""
+        mods, reals = {}, {}
+        for n in names:
+            lin = model.get_submodule(n)
+            mod, real = self.layer(lin)
+            if mod is not lin:
+                mods[n] = mod
+            if real is not None:
+                reals[n] = real
+        return mods, reals
 
 
 class Fp16(Variant):
@@ -110,9 +127,9 @@ def _no_linear_class():
 
 
 class Opgen(Variant):
-    def __init__(self, spec: str, pdl: bool = False):
-        self.spec, self.pdl = as_spec(spec), pdl
-        self.name = f"opgen:{spec}" + (PDL_SUFFIX if pdl else "")
+    def __init__(self, spec: str, pdl: bool = False, fuse: bool = False):
+        self.spec, self.pdl, self.fuse = as_spec(spec), pdl, fuse
+        self.name = f"opgen:{spec}" + "".join(f"+{o}" for o, on in (("pdl", pdl), ("fuse", fuse)) if on)
         self.act = self.spec.a.dtype if self.spec.a.dtype in A8_DTYPES else None
         self.check_tol = tolerance(self.spec)      # the kernel tests' bound
 
@@ -120,6 +137,24 @@ class Opgen(Variant):
         from ..torch import QuantLinear
         q = QuantLinear.from_linear(self.spec, linear, pdl=self.pdl)
         return q, q.dequantized()
+
+    def layers(self, model, names):
+        """With fuse, the sibling groups among names (fused_linear's) as one
+        wide layer each, every part's real weight its rows of the wide one's."""
+        if not self.fuse:
+            return super().layers(model, names)
+        from ..fused_linear import sibling_groups
+        from ..torch import fused_quant_linears
+        groups = sibling_groups(model, names)
+        grouped = {n for g in groups for n in g}
+        mods, reals = super().layers(model, [n for n in names if n not in grouped])
+        for g in groups:
+            parts = fused_quant_linears(self.spec, [model.get_submodule(n) for n in g], pdl=self.pdl)
+            wide = parts[0].shared.wide.dequantized()
+            for n, part in zip(g, parts):
+                lo, hi = part.shared.bounds[part.index]
+                mods[n], reals[n] = part, wide[lo:hi]
+        return mods, reals
 
     def unavailable(self, device):
         if self.pdl and (device.type != "cuda" or not render.pdl_available(current_arch())):
@@ -253,19 +288,20 @@ def reference_class():
 
 
 def variant(name: str) -> Variant:
-    """The variant of a name (`fp16`, `opgen:SPEC`, `opgen:SPEC+pdl`,
-    `torch_int4`, `gemlite_w4`); ValueError names the ones there are."""
+    """The variant of a name (`fp16`, `opgen:SPEC[+OPTION...]`, `torch_int4`,
+    `gemlite_w4`); ValueError names the ones there are."""
     if name == "fp16":
         return Fp16()
     if name == "no_linear":
         return NoLinear()
-    if name.startswith("opgen:") and len(name) > len("opgen:"):
-        spec = name[len("opgen:"):]
-        pdl = spec.endswith(PDL_SUFFIX) and len(spec) > len(PDL_SUFFIX)
-        return Opgen(spec[:-len(PDL_SUFFIX)] if pdl else spec, pdl)
+    if name.startswith("opgen:"):
+        spec, *options = name[len("opgen:"):].split("+")
+        bad = [o for o in options if o not in OPGEN_OPTIONS]
+        if spec and not bad and len(set(options)) == len(options):
+            return Opgen(spec, pdl="pdl" in options, fuse="fuse" in options)
     if name == "torch_int4":
         return TorchInt4()
     if name == "gemlite_w4":
         return GemliteW4()
-    raise ValueError(f"unknown variant {name!r} (known: fp16, no_linear, opgen:SPEC, "
-                     f"opgen:SPEC{PDL_SUFFIX}, {', '.join(PEERS)})")
+    raise ValueError(f"unknown variant {name!r} (known: fp16, no_linear, opgen:SPEC with options "
+                     f"{', '.join('+' + o for o in OPGEN_OPTIONS)}, {', '.join(PEERS)})")

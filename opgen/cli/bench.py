@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--new-tokens", type=positive_int, default=None,
                    help=f"tokens generated per prompt (default {e2e.DEFAULT_NEW_TOKENS})")
     e.add_argument("--variants", type=parse_names, default=None, metavar="A,B",
-                   help="fp16, no_linear, opgen:SPEC, opgen:SPEC+pdl, torch_int4, gemlite_w4 (default: "
+                   help="fp16, no_linear, opgen:SPEC (options +pdl, +fuse), torch_int4, gemlite_w4 (default: "
                         + ",".join(DEFAULT_VARIANTS) + ")")
     e.add_argument("--repeats", type=positive_int, default=None,
                    help=f"timed runs per row, the median reported (default {e2e.DEFAULT_REPEATS})")

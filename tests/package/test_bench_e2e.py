@@ -119,3 +119,14 @@ def test_gpu_a_tiny_model_end_to_end(tmp_path):
         if r["variant"] != "fp16":
             assert r["rel_err"] <= 2 * r["rel_err_fp32"] + 1e-3, r
     assert rc == 0
+
+
+def test_fused_variant_decodes_as_the_plain_one():
+    """opgen:SPEC+fuse on the tiny Llama: q / k / v and gate / up run as one
+    layer each (2 x 2 wide layers for its 14 linears) and decode the tokens
+    the plain variant decodes, with its error."""
+    out = e2e.run(plan(("opgen:w4a16_sym_g128", "opgen:w4a16_sym_g128+fuse"), batches=(1,)), log=lambda s: None)
+    plain, fused = (rows_of(out, v)[0] for v in ("opgen:w4a16_sym_g128", "opgen:w4a16_sym_g128+fuse"))
+    assert plain["error"] is None and fused["error"] is None
+    assert fused["rel_err"] == pytest.approx(plain["rel_err"], rel=1e-3)
+    assert fused["agreement"] == plain["agreement"]

@@ -30,11 +30,13 @@ def test_variant_names():
     assert ev.variant("opgen:bnb_nf4").act is None
     assert ev.variant("torch_int4").act == "bfloat16"
     v = ev.variant("opgen:w4a16_sym_g128+pdl")
-    assert v.name == "opgen:w4a16_sym_g128+pdl" and v.spec.name == "w4a16_sym_g128" and v.pdl
+    assert v.name == "opgen:w4a16_sym_g128+pdl" and v.spec.name == "w4a16_sym_g128" and v.pdl and not v.fuse
     assert not ev.variant("opgen:w4a16_sym_g128").pdl
     assert ev.variant("opgen:w4a16_sym_g128+pdl").unavailable(torch.device("cpu")).startswith(
         "programmatic dependent launch needs a GPU")
-    for bad in ("opgen:", "int4", "gemlite"):
+    v = ev.variant("opgen:bnb_nf4+fuse+pdl")
+    assert v.fuse and v.pdl and v.name == "opgen:bnb_nf4+pdl+fuse" and ev.variant("opgen:bnb_nf4+fuse").fuse
+    for bad in ("opgen:", "opgen:+pdl", "opgen:bnb_nf4+fast", "opgen:bnb_nf4+pdl+pdl", "int4", "gemlite"):
         with pytest.raises(ValueError, match="unknown variant"):
             ev.variant(bad)
     assert set(ev.PEERS) <= set(ev.DEFAULT_VARIANTS)
@@ -145,3 +147,30 @@ def test_no_linear_keeps_its_input_computed_under_compile():
     out, code = run_and_get_code(fn, torch.randn(2, 256))
     assert out.shape == (2, 48)
     assert any("sin" in c for c in code), "the op's input was not computed"
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.k_proj = nn.Linear(256, 128, bias=False).half(), nn.Linear(256, 32, bias=False).half()
+        self.v_proj, self.o_proj = nn.Linear(256, 32, bias=False).half(), nn.Linear(128, 256, bias=False).half()
+
+
+def test_fuse_variant_layers():
+    """opgen:SPEC+fuse: q / k / v as parts of one wide layer, each part's
+    real weight its rows of the wide one's (bit for bit what the layer
+    quantized alone dequantizes to); o_proj as plain opgen:SPEC makes it."""
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.attn = Attention()
+    names = ["attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj"]
+    mods, reals = ev.variant("opgen:w4a16_sym_g128+fuse").layers(model, names)
+    plain_mods, plain_reals = ev.variant("opgen:w4a16_sym_g128").layers(model, names)
+    assert set(mods) == set(reals) == set(names)
+    assert type(mods["attn.k_proj"]).__name__ == "FusedPart" and type(mods["attn.o_proj"]).__name__ == "QuantLinear"
+    for n in names:
+        assert torch.equal(reals[n], plain_reals[n]), n
+    x = torch.randn(3, 256).half()
+    with torch.no_grad():
+        for n in names[:3]:
+            assert torch.equal(mods[n](x), plain_mods[n](x)), n

@@ -131,6 +131,9 @@ def test_model_tunes_every_distinct_linear_shape(capsys, monkeypatch, tmp_path):
     # lm_head on request, from the config file itself
     main(["tune", "w8a8_int8", "--model", str(tmp_path / "config.json"), "--lm-head", "--db", db])
     assert calls[-1][:2] == (["w8a8_int8"], shapes + [(128256, 4096)])
+    # and the wider layers of fused siblings
+    main(["tune", "w8a8_int8", "--model", str(tmp_path / "config.json"), "--fused", "--db", db])
+    assert calls[-1][:2] == (["w8a8_int8"], shapes + [(6144, 4096), (28672, 4096)])
 
 
 def test_model_shapes_a_spec_refuses_are_skipped(capsys, monkeypatch, tmp_path):
@@ -157,6 +160,7 @@ def test_model_shapes_a_spec_refuses_are_skipped(capsys, monkeypatch, tmp_path):
 @pytest.mark.parametrize("argv, msg", [
     (["--model", "{d}", "--shapes", "4096x4096"], "--model and --shapes/--N/--K both given"),
     (["--shapes", "4096x4096", "--lm-head"], "--lm-head goes with --model"),
+    (["--shapes", "4096x4096", "--fused"], "--fused goes with --model"),
     (["--model", "{d}/nothere.json"], "nothere.json: neither a shipped model"),
     (["--model", "{d}/bad.json"], "bad.json: hidden_size: missing"),
 ])

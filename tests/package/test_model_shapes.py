@@ -68,6 +68,17 @@ def test_layer_names():
     assert names[-2:] == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 
 
+def test_fused_siblings_shapes():
+    """fused: the wider layers replace_linear(fuse=True) runs, after the
+    model's own: q + k + v (one K) and gate + up; gpt-oss's experts already
+    store gate_up as one."""
+    assert linear_shapes(LLAMA3_8B, fused=True)[4:] == [
+        LinearShape(6144, 4096, ("self_attn.q_proj+k_proj+v_proj",)),
+        LinearShape(28672, 4096, ("mlp.gate_proj+up_proj",))]
+    assert linear_layers(GPT_OSS_20B, fused=True)[-1] == ("self_attn.q_proj+k_proj+v_proj", 5120, 2880)
+    assert linear_shapes(LLAMA3_8B, fused=True, lm_head=True)[-1].layers == ("lm_head",)
+
+
 def test_moe_with_shared_experts_and_nested_text_config():
     """Qwen2-MoE style: experts of moe_intermediate_size, a shared expert;
     a multimodal config's sizes under text_config."""

@@ -1,0 +1,102 @@
+"""Sibling linear layers that read the same input, run as one wider layer.
+
+In a decoder layer q, k and v read the same normed hidden state, and so do
+the MLP's gate and up projections. One matmul of their stacked weights (N
+the sum of theirs) costs one launch and one pass over the input instead of
+three or two; at decode (M = 1) a 1024-row k or v projection is mostly
+launch and tail (docs/performance.md, Whole-model decode). The wide layer
+runs when the first sibling is called; the others take their columns of its
+output, a view, when they are called with the same input tensor (the same
+object). With another input, or a sibling called twice, the wide layer runs
+again: slower, never wrong.
+
+The shared state is a plain object (FusedOutput): torch.compile traces it
+into one matmul, and a CUDA graph captures the one launch. Torch only; the
+quantized wide layer is opgen.torch's (fused_quant_linears).
+"""
+from typing import List, Mapping, Sequence, Tuple
+
+from torch import nn
+
+from .model_shapes import FUSE_GROUPS
+
+
+def sibling_groups(model: nn.Module, eligible: Sequence[str],
+                   groups: Sequence[Sequence[str]] = FUSE_GROUPS) -> List[Tuple[str, ...]]:
+    """The qualified names of `eligible` nn.Linear layers of model that fuse:
+    for each module, each of `groups` whose members are all its children,
+    all eligible, of the same in_features, weight dtype and device."""
+    ok = set(eligible)
+    out = []
+    for parent_name, parent in model.named_modules():
+        prefix = f"{parent_name}." if parent_name else ""
+        for group in groups:
+            names = [prefix + child for child in group]
+            if not all(n in ok for n in names):
+                continue
+            mods = [parent.get_submodule(child) for child in group]
+            first = mods[0].weight
+            if all(m.in_features == mods[0].in_features and m.weight.dtype == first.dtype
+                   and m.weight.device == first.device for m in mods):
+                out.append(tuple(names))
+    return out
+
+
+class FusedOutput:
+    """The wide layer's output, shared by its parts: computed for an input
+    when a part asks first, kept until every part has taken its columns."""
+
+    def __init__(self, wide: nn.Module, sizes: Sequence[int]):
+        self.wide = wide
+        self.bounds = []
+        lo = 0
+        for n in sizes:
+            self.bounds.append((lo, lo + n))
+            lo += n
+        self._x = self._out = None
+        self._served = set()
+
+    def part(self, i: int, x):
+        if x is not self._x or i in self._served:
+            self._x, self._out, self._served = x, self.wide(x), set()
+        self._served.add(i)
+        lo, hi = self.bounds[i]
+        out = self._out[..., lo:hi]
+        if len(self._served) == len(self.bounds):       # every part served: let go of them
+            self._x = self._out = None
+        return out
+
+
+class FusedPart(nn.Module):
+    """One sibling's output: columns [lo, hi) of the wide layer's. Part 0
+    holds the wide layer as its submodule (its buffers are in the state
+    dict, .to() moves them); the others reach it through the shared
+    FusedOutput."""
+
+    def __init__(self, shared: FusedOutput, index: int):
+        super().__init__()
+        if index == 0:
+            self.wide = shared.wide
+        self.shared, self.index = shared, index
+        lo, hi = shared.bounds[index]
+        self.in_features, self.out_features = getattr(shared.wide, "in_features", None), hi - lo
+
+    def forward(self, x):
+        return self.shared.part(self.index, x)
+
+    def extra_repr(self) -> str:
+        lo, hi = self.shared.bounds[self.index]
+        return f"part {self.index} of {len(self.shared.bounds)}: columns {lo}:{hi}"
+
+
+def fused_parts(wide: nn.Module, sizes: Sequence[int]) -> List[FusedPart]:
+    """The parts of one wide layer whose outputs are `sizes` columns wide, in order."""
+    shared = FusedOutput(wide, sizes)
+    return [FusedPart(shared, i) for i in range(len(sizes))]
+
+
+def install(model: nn.Module, modules: Mapping[str, nn.Module]) -> None:
+    """Set each qualified name of model to its module."""
+    for name, mod in modules.items():
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, mod)

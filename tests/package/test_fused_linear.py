@@ -1,0 +1,105 @@
+"""opgen/fused_linear.py: sibling layers found by name, and the wide layer's
+output shared by its parts (computed once an input, views for the parts)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from opgen import fused_linear as fl  # noqa: E402
+
+
+class Attn(nn.Module):
+    def __init__(self, kv_in=32):
+        super().__init__()
+        self.q_proj, self.k_proj = nn.Linear(32, 16, bias=False), nn.Linear(kv_in, 8, bias=False)
+        self.v_proj, self.o_proj = nn.Linear(32, 8, bias=False), nn.Linear(16, 32, bias=False)
+
+
+class Layer(nn.Module):
+    def __init__(self, kv_in=32):
+        super().__init__()
+        self.self_attn = Attn(kv_in)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj, self.mlp.up_proj = nn.Linear(32, 24), nn.Linear(32, 24)
+
+
+def linear_names(model):
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+
+
+def test_sibling_groups():
+    """Each module's q / k / v and gate / up, all eligible and reading the
+    same width; a group with a member left out, or of another width, is
+    none."""
+    model = nn.ModuleList([Layer(), Layer()])
+    names = linear_names(model)
+    assert fl.sibling_groups(model, names) == [
+        ("0.self_attn.q_proj", "0.self_attn.k_proj", "0.self_attn.v_proj"), ("0.mlp.gate_proj", "0.mlp.up_proj"),
+        ("1.self_attn.q_proj", "1.self_attn.k_proj", "1.self_attn.v_proj"), ("1.mlp.gate_proj", "1.mlp.up_proj")]
+    without = [n for n in names if n != "1.self_attn.v_proj"]
+    assert ("1.self_attn.q_proj", "1.self_attn.k_proj", "1.self_attn.v_proj") not in fl.sibling_groups(model, without)
+    odd = Layer(kv_in=16)
+    assert fl.sibling_groups(odd, linear_names(odd)) == [("mlp.gate_proj", "mlp.up_proj")]
+    assert fl.sibling_groups(odd, linear_names(odd), groups=[("q_proj", "v_proj")]) == [
+        ("self_attn.q_proj", "self_attn.v_proj")]
+
+
+class Counting(nn.Module):
+    """A wide layer that counts its calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.calls = nn.Linear(32, 40, bias=False), 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.lin(x)
+
+
+def test_parts_share_one_computation_an_input():
+    wide = Counting()
+    parts = fl.fused_parts(wide, [16, 8, 16])
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        want = wide.lin(x)
+        outs = [p(x) for p in parts]
+        assert wide.calls == 1 and parts[0].shared._out is None          # served, let go
+        for out, (lo, hi) in zip(outs, [(0, 16), (16, 24), (24, 40)]):
+            assert torch.equal(out, want[:, lo:hi])
+        assert outs[1].data_ptr() == outs[0].data_ptr() + 16 * outs[0].element_size()   # views
+        # another input, or a part asked twice: computed again (slower, never stale)
+        y = torch.randn(3, 32)
+        assert torch.equal(parts[0](x), want[:, :16]) and torch.equal(parts[1](y), wide.lin(y)[:, 16:24])
+        assert torch.equal(parts[0](y), wide.lin(y)[:, :16]) and torch.equal(parts[0](y), wide.lin(y)[:, :16])
+        assert wide.calls == 4
+    # part 0 holds the wide layer: its parameters are the model's, once
+    model = nn.ModuleList(parts)
+    assert [n for n, _ in model.named_parameters()] == ["0.wide.lin.weight"]
+    assert "part 1 of 3: columns 16:24" in repr(parts[1])
+
+
+def test_compile_traces_one_wide_call():
+    """torch.compile (Dynamo + AOTAutograd, fullgraph) keeps one call of the
+    wide layer for its parts, and their outputs."""
+    wide = Counting()
+    parts = fl.fused_parts(wide, [16, 24])
+
+    class Use(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = parts
+
+        def forward(self, x):
+            return torch.relu(self.a(x)).sum(-1) + self.b(x).sum(-1)
+
+    seen = []
+
+    def backend(gm, inputs):
+        seen.append(sum(1 for n in gm.graph.nodes if n.op == "call_function" and "linear" in str(n.target)))
+        return gm
+    use = Use()
+    compiled = torch.compile(use, backend=backend, fullgraph=True)
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        assert torch.allclose(compiled(x), use(x))
+    assert seen == [1]
