@@ -12,7 +12,7 @@ again: slower, never wrong.
 
 The shared state is a plain object (FusedOutput): torch.compile traces it
 into one matmul, and a CUDA graph captures the one launch. Torch only; the
-quantized wide layer is opgen.torch's (fused_quant_linears).
+stacked quantized layer is opgen.torch's (QuantLinear.stacked, fuse_siblings).
 """
 from typing import List, Mapping, Sequence, Tuple
 
@@ -23,23 +23,30 @@ from .model_shapes import FUSE_GROUPS
 
 def sibling_groups(model: nn.Module, eligible: Sequence[str],
                    groups: Sequence[Sequence[str]] = FUSE_GROUPS) -> List[Tuple[str, ...]]:
-    """The qualified names of `eligible` nn.Linear layers of model that fuse:
-    for each module, each of `groups` whose members are all its children,
-    all eligible, of the same in_features, weight dtype and device."""
+    """The qualified names of `eligible` layers of model (nn.Linear or
+    opgen's QuantLinear) that fuse: for each module, each of `groups` whose
+    members are all its children, all eligible, of one kind (class, spec),
+    in_features, dtype and device."""
     ok = set(eligible)
     out = []
     for parent_name, parent in model.named_modules():
         prefix = f"{parent_name}." if parent_name else ""
         for group in groups:
             names = [prefix + child for child in group]
-            if not all(n in ok for n in names):
-                continue
-            mods = [parent.get_submodule(child) for child in group]
-            first = mods[0].weight
-            if all(m.in_features == mods[0].in_features and m.weight.dtype == first.dtype
-                   and m.weight.device == first.device for m in mods):
+            if all(n in ok for n in names) and \
+                    len({_kind(parent.get_submodule(child)) for child in group}) == 1:
                 out.append(tuple(names))
     return out
+
+
+def _kind(layer: nn.Module) -> tuple:
+    """What siblings must share to stack: class, spec, in_features, and the
+    dtype and device of the first tensor held."""
+    t = next(layer.parameters(), None)
+    if t is None:
+        t = next(layer.buffers(), None)
+    return (type(layer), getattr(layer, "spec_name", None), layer.in_features,
+            None if t is None else (t.dtype, t.device))
 
 
 class FusedOutput:

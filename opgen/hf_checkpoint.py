@@ -54,7 +54,7 @@ from .codegen.planner import PlanError, check_shape
 from .codegen.resolve import as_spec
 from .hf_formats import BITNET_SPECS, FORMATS, CheckpointError, Format, NotServed, Target
 from .model_shapes import read_json_object
-from .torch import QuantLinear, to_numpy, to_torch
+from .torch import QuantLinear, fuse_siblings, to_numpy, to_torch
 
 __all__ = ["load_quantized", "LoadReport", "CheckpointError", "PermutedInput"]
 
@@ -66,6 +66,7 @@ class LoadReport:
     dequantized: Dict[str, str] = field(default_factory=dict)    # quantized, runs in float: why
     unquantized: List[str] = field(default_factory=list)         # float in the checkpoint
     unused: List[str] = field(default_factory=list)              # tensors no module takes
+    fused: List[Tuple[str, ...]] = field(default_factory=list)   # siblings run as one layer (fuse=True)
     notes: List[str] = field(default_factory=list)
 
     def __str__(self) -> str:
@@ -83,6 +84,9 @@ class LoadReport:
                          + ", ".join(self.unquantized))
         if self.unused:
             lines.append(f"{len(self.unused)} tensor(s) unused: " + ", ".join(self.unused))
+        if self.fused:
+            lines.append(f"{len(self.fused)} group(s) of siblings run as one layer each, e.g. "
+                         + " + ".join(self.fused[0]))
         return "\n".join(lines + self.notes)
 
 
@@ -288,11 +292,13 @@ def _experts(fmt: Format, model: nn.Module, files: _Files, report: LoadReport, d
 
 
 def load_quantized(path: Union[str, Path], device=None, dtype: torch.dtype = torch.float16,
-                   bitnet_activations: str = "int8") -> Tuple[nn.Module, LoadReport]:
+                   bitnet_activations: str = "int8", fuse: bool = False) -> Tuple[nn.Module, LoadReport]:
     """(model, report) of a quantized checkpoint directory (see the module's
     doc): the model in eval mode on `device` (default CPU, where QuantLinear
     runs the numpy reference), float tensors in `dtype`. bitnet_activations:
-    "int8" (BitNet's own recipe) or "float" (hf_formats.BITNET_SPECS)."""
+    "int8" (BitNet's own recipe) or "float" (hf_formats.BITNET_SPECS). fuse:
+    the served siblings that read the same input (q / k / v, gate / up) as
+    one stacked layer each (opgen.torch.fuse_siblings; the report's `fused`)."""
     if bitnet_activations not in BITNET_SPECS:
         raise ValueError(f"bitnet_activations: {bitnet_activations!r}, expected one of "
                          f"{', '.join(BITNET_SPECS)}")
@@ -364,4 +370,6 @@ def load_quantized(path: Union[str, Path], device=None, dtype: torch.dtype = tor
                               + (f"; {len(missing) - 1} more" if len(missing) > 1 else "") + ")")
     if device is not None:
         model.to(device)
+    if fuse:
+        report.fused = fuse_siblings(model, list(report.served))
     return model.eval(), report

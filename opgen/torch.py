@@ -38,15 +38,15 @@ from .codegen.render import PDL_MIN_CC, pdl_available
 from .codegen.spec import Spec
 from .codegen.resolve import as_spec
 from .codegen.transcode import transcode
-from .fused_linear import FUSE_GROUPS, FusedPart, fused_parts, install, sibling_groups
+from .fused_linear import fused_parts, install, sibling_groups
+from .model_shapes import FUSE_GROUPS
 from .runtime import arrays
 from .runtime.device import current_arch
 from .runtime.op import LAYOUTS, MatmulOp, QuantizeOp, quantize_spec
 from .runtime.progress import Progress
 
-__all__ = ["QuantLinear", "replace_linear", "ReplaceReport", "fused_quant_linears", "rows_quantize_apart",
-           "quantized", "quantize_activation", "matmul", "quantize", "handle_for", "to_numpy", "to_array",
-           "to_torch"]
+__all__ = ["QuantLinear", "replace_linear", "ReplaceReport", "fuse_siblings", "n_axes", "quantized",
+           "quantize_activation", "matmul", "quantize", "handle_for", "to_numpy", "to_array", "to_torch"]
 
 _FLOAT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 # storage dtype names (checkpoints.expected_tensors' first choice) -> torch dtype
@@ -341,6 +341,35 @@ class QuantLinear(nn.Module):
         spec, t = ck.convert(fmt, st, out_features, in_features, **kw)
         return cls(spec, in_features, out_features, device=device, **t)
 
+    @classmethod
+    def stacked(cls, layers: Sequence["QuantLinear"]) -> "QuantLinear":
+        """One layer computing what `layers` (one spec, layout, in_features
+        and device) compute, side by side: each stored tensor joined along
+        its n axis (n_axes), the biases too (zeros for those without).
+        Exact: the same codes, scales and zero points. ValueError where they
+        differ, or where a tensor has no n axis (a tensor scale)."""
+        first = layers[0]
+        ks, K = first.kernel_spec, first.in_features
+        for q in layers[1:]:
+            if (q.kernel_spec.content_hash(), q.in_features, q.pdl, q.qweight.device) != \
+                    (ks.content_hash(), K, first.pdl, first.qweight.device):
+                raise ValueError(f"stack: {q.spec_name} (K={q.in_features}) does not stack with "
+                                 f"{first.spec_name} (K={K}): one spec, layout, K, pdl and device")
+        axes = n_axes(ks)
+        tensors = {}
+        for name in ("qweight", "scales", "zeros"):
+            if getattr(first, name) is not None:
+                tensors[name] = torch.cat([getattr(q, name) for q in layers], dim=axes[name])
+        bias = None
+        if any(q.bias is not None for q in layers):
+            bias = torch.cat([q.bias if q.bias is not None else first.qweight.new_zeros(
+                q.out_features, dtype=_FLOAT[ks.out.dtype]) for q in layers])
+        wide = cls(ks, K, sum(q.out_features for q in layers), bias=bias, device=first.qweight.device,
+                   layout="stored", pdl=first.pdl, **tensors)
+        wide.spec, wide.spec_name = first.spec, first.spec_name    # (the kernels read ks)
+        wide._register_handles()
+        return wide
+
     def dequantized(self) -> torch.Tensor:
         """The real weight W [N, K], float32, on the layer's device: the
         reference dequantization of the stored tensors (codegen.reference;
@@ -474,39 +503,38 @@ class ReplaceReport:
     fused: List[Tuple[str, ...]] = field(default_factory=list)  # siblings run as one layer
 
 
-def rows_quantize_apart(spec: Union[Spec, str]) -> bool:
-    """Whether spec quantizes each weight row on its own (group, channel or
-    no scales): stacked weights then quantize to the rows each would get
-    alone. A tensor scale is one for the whole weight."""
-    w = as_spec(spec).b
-    return w is None or w.scale is None or w.scale.granularity != "tensor"
+def n_axes(spec: Spec) -> Dict[str, int]:
+    """The axis of each of spec's stored tensors that grows with N (what
+    QuantLinear.stacked joins along); ValueError naming a tensor that has
+    none (a tensor scale: one for every row)."""
+    N, K = 64, 256 * 1024      # (every alignment rule holds at N and 2 N)
+    at, twice = ck.expected_tensors(spec, N, K), ck.expected_tensors(spec, 2 * N, K)
+    out = {}
+    for name, (shape, _) in at.items():
+        grows = [i for i, (a, b) in enumerate(zip(shape, twice[name][0])) if a != b]
+        if len(grows) != 1:
+            raise ValueError(f"fuse: {spec.name}: its {name} tensor is one for the whole weight (no "
+                             f"n axis), so stacked siblings cannot each keep their own")
+        out[name] = grows[0]
+    return out
 
 
-def _require_rows_apart(spec: Spec) -> None:
-    if not rows_quantize_apart(spec):
-        raise ValueError(f"fuse: {spec.name} scales whole weight tensors, so stacked siblings would "
-                         f"share one scale instead of each keeping its own")
-
-
-def fused_quant_linears(spec: Union[Spec, str], linears: Sequence[nn.Linear],
-                        pdl: bool = False) -> List[FusedPart]:
-    """Sibling linears that read the same input (fused_linear.sibling_groups)
-    as one QuantLinear of their stacked weights (and biases: zeros for those
-    without), quantized where they lie, and a part for each: its columns of
-    the wide layer's output (opgen.fused_linear). The codes, scales and zero
-    points are those each weight gets alone (rows_quantize_apart; ValueError
-    for a spec that scales whole tensors). pdl: QuantLinear's."""
-    spec = as_spec(spec)
-    _require_rows_apart(spec)
-    with torch.no_grad():
-        weight = torch.cat([lin.weight for lin in linears])
-        bias = None
-        if any(lin.bias is not None for lin in linears):
-            bias = torch.cat([lin.bias if lin.bias is not None
-                              else lin.weight.new_zeros(lin.out_features) for lin in linears])
-        wide = QuantLinear(spec, linears[0].in_features, weight.shape[0], bias=bias, device=weight.device,
-                           pdl=pdl, **quantized(spec, weight))
-    return fused_parts(wide, [lin.out_features for lin in linears])
+def fuse_siblings(model: nn.Module, names: Optional[Iterable[str]] = None,
+                  groups: Sequence[Sequence[str]] = FUSE_GROUPS) -> List[Tuple[str, ...]]:
+    """Sibling QuantLinears of model that read the same input (`groups` of
+    child names: q / k / v and gate / up by default; among `names`, default
+    every QuantLinear) replaced in place by the parts of one stacked layer
+    each (QuantLinear.stacked, opgen.fused_linear): one launch a group.
+    Returns the groups fused."""
+    if names is None:
+        names = [n for n, m in model.named_modules() if isinstance(m, QuantLinear)]
+    names = [n for n in names if isinstance(model.get_submodule(n), QuantLinear)]
+    found = sibling_groups(model, names, groups)
+    for group in found:
+        layers = [model.get_submodule(n) for n in group]
+        install(model, dict(zip(group, fused_parts(QuantLinear.stacked(layers),
+                                                   [q.out_features for q in layers]))))
+    return found
 
 
 # replace_linear shows its progress once its layer loop has run this long
@@ -526,9 +554,9 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
     storage instead (for a load_state_dict that follows). A loop running over
     PROGRESS_AFTER_S seconds shows its progress on stderr (progress=False:
     never). pdl: QuantLinear's. fuse: siblings that read the same input
-    (True: fused_linear.FUSE_GROUPS, q / k / v and gate / up; or groups of
-    child names) run as one wider layer each (fused_quant_linears; with
-    quantize only, and a spec that quantizes rows apart), listed in the
+    (True: FUSE_GROUPS, q / k / v and gate / up; or groups of child names)
+    then run as one stacked layer each (fuse_siblings; with quantize only,
+    and a spec whose every tensor has an n axis: n_axes), listed in the
     report's `fused`."""
     spec = as_spec(spec)
     skip = list(skip)
@@ -541,19 +569,7 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
         raise ValueError("fuse: with quantize=False the layers are filled by a state dict of "
                          "separate layers, which fused ones do not take")
     if fuse:
-        _require_rows_apart(spec)
-    for name, mod in linears:
-        if any(fnmatch.fnmatchcase(name, p) for p in skip):
-            report.skipped[name] = "matches skip="
-            continue
-        try:
-            check_shape(spec, mod.out_features, mod.in_features)
-        except ValueError as e:
-            report.skipped[name] = str(e)
-    eligible = [name for name, _ in linears if name not in report.skipped]
-    groups = sibling_groups(model, eligible, FUSE_GROUPS if fuse is True else fuse) if fuse else []
-    lead = {g[0]: g for g in groups}
-    grouped = {n for g in groups for n in g}
+        n_axes(execution_spec(spec, _layout_arch()))        # (refuses before any work)
     prog, start, shown, n = Progress(progress), time.monotonic(), False, len(linears)
     for i, (name, mod) in enumerate(linears):
         if time.monotonic() - start >= PROGRESS_AFTER_S:
@@ -561,14 +577,13 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
             milestone = not shown or 10 * i // n != 10 * (i - 1) // n
             prog.show(f"replace_linear {spec.name} {prog.bar(i, n)} {i}/{n} {name}", milestone=milestone)
             shown = True
-        if name in report.skipped or (name in grouped and name not in lead):
+        if any(fnmatch.fnmatchcase(name, p) for p in skip):
+            report.skipped[name] = "matches skip="
             continue
-        if name in lead:
-            group = lead[name]
-            install(model, dict(zip(group, fused_quant_linears(
-                spec, [model.get_submodule(m) for m in group], pdl=pdl))))
-            report.fused.append(group)
-            report.replaced.extend(group)
+        try:
+            check_shape(spec, mod.out_features, mod.in_features)
+        except ValueError as e:
+            report.skipped[name] = str(e)
             continue
         if quantize:
             q = QuantLinear.from_linear(spec, mod, pdl=pdl)
@@ -577,6 +592,8 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
                                   bias=mod.bias is not None, device=mod.weight.device, pdl=pdl)
         install(model, {name: q})
         report.replaced.append(name)
+    if fuse:
+        report.fused = fuse_siblings(model, report.replaced, FUSE_GROUPS if fuse is True else fuse)
     if shown or time.monotonic() - start >= PROGRESS_AFTER_S:
         prog.show(f"replace_linear {spec.name} {prog.bar(n, n)} {n}/{n}: {len(report.replaced)} "
                   f"replaced, {len(report.skipped)} left float, {time.monotonic() - start:.1f} s",

@@ -13,7 +13,7 @@ the reference of the variant's kernel error).
     opgen:SPEC+pdl  the same, its kernels launched for programmatic
                   dependent launch (sm_90+: QuantLinear's pdl)
     opgen:SPEC+fuse  the same, q / k / v and gate / up each run as one
-                  wider layer (opgen.torch.fused_quant_linears); options
+                  stacked layer (opgen.torch.fuse_siblings' way); options
                   combine: opgen:SPEC+fuse+pdl
     torch_int4    torch._weight_int4pack_mm (tinygemm): 4-bit asymmetric,
                   group 128; bfloat16 activations, as tinygemm takes them
@@ -139,21 +139,17 @@ class Opgen(Variant):
         return q, q.dequantized()
 
     def layers(self, model, names):
-        """With fuse, the sibling groups among names (fused_linear's) as one
-        wide layer each, every part's real weight its rows of the wide one's."""
+        """With fuse, the sibling groups among names (fused_linear's) as the
+        parts of one stacked layer each (exact: each part's real weight is
+        its own layer's)."""
+        mods, reals = super().layers(model, names)
         if not self.fuse:
-            return super().layers(model, names)
-        from ..fused_linear import sibling_groups
-        from ..torch import fused_quant_linears
-        groups = sibling_groups(model, names)
-        grouped = {n for g in groups for n in g}
-        mods, reals = super().layers(model, [n for n in names if n not in grouped])
-        for g in groups:
-            parts = fused_quant_linears(self.spec, [model.get_submodule(n) for n in g], pdl=self.pdl)
-            wide = parts[0].shared.wide.dequantized()
-            for n, part in zip(g, parts):
-                lo, hi = part.shared.bounds[part.index]
-                mods[n], reals[n] = part, wide[lo:hi]
+            return mods, reals
+        from ..fused_linear import fused_parts, sibling_groups
+        from ..torch import QuantLinear
+        for g in sibling_groups(model, names):
+            layers = [mods[n] for n in g]
+            mods.update(zip(g, fused_parts(QuantLinear.stacked(layers), [q.out_features for q in layers])))
         return mods, reals
 
     def unavailable(self, device):

@@ -244,6 +244,23 @@ def test_gptq(tmp_path, fmt, group):
     assert "1 layer(s) float in the checkpoint: lm_head" in text
 
 
+def test_fuse_stacks_the_served_siblings(tmp_path):
+    """fuse=True: each decoder layer's q / k / v and gate / up run as one
+    stacked layer (the report says so); the logits are the unfused model's."""
+    config = llama_config()
+    quantized_checkpoint(tmp_path, config, gptq_config(32, fmt="gptq_v2"),
+                         lambda w, name: gptq_layer(w, 32, v1=False))
+    plain, _ = hc.load_quantized(tmp_path, dtype=torch.float32)
+    fused, report = hc.load_quantized(tmp_path, dtype=torch.float32, fuse=True)
+    attn = "model.layers.{}.self_attn.{}_proj"
+    assert report.fused[:2] == [tuple(attn.format(0, p) for p in "qkv"),
+                                ("model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj")]
+    assert len(report.fused) == 2 * config["num_hidden_layers"] and "run as one layer each" in str(report)
+    ids = torch.tensor([[3, 17, 5, 42, 8, 11]])
+    with torch.no_grad():
+        assert torch.equal(fused(ids).logits, plain(ids).logits)
+
+
 def test_gptq_act_order_is_served_permuted(tmp_path):
     """desc_act: the rows of K sorted by group, the input gathered to match."""
     config = llama_config()

@@ -126,13 +126,40 @@ def test_replace_linear_fuses_siblings(spec):
 
 
 def test_fuse_refuses_what_it_cannot_keep():
-    """A tensor scale (one for the stacked weights) and storage to be filled
-    from separate layers' state dict cannot fuse: a clear error each."""
-    with pytest.raises(ValueError, match="bitnet_b158 scales whole weight tensors"):
+    """A tensor scale (one for the stacked weights), storage to be filled
+    from separate layers' state dict, layers of two specs: a clear error
+    each, before any work."""
+    with pytest.raises(ValueError, match="bitnet_b158: its scales tensor is one for the whole weight"):
         ot.replace_linear(Block(), "bitnet_b158", fuse=True)
     with pytest.raises(ValueError, match="quantize=False"):
         ot.replace_linear(Block(), "w4a16_sym_g128", fuse=True, quantize=False)
-    assert ot.rows_quantize_apart("w4a16_sym_g128") and not ot.rows_quantize_apart("bitnet_b158")
+    b = Block()
+    q = [ot.QuantLinear.from_linear("w4a16_sym_g128", b.q_proj), ot.QuantLinear.from_linear("bnb_nf4", b.k_proj)]
+    with pytest.raises(ValueError, match="bnb_nf4 .K=256. does not stack with w4a16_sym_g128"):
+        ot.QuantLinear.stacked(q)
+
+
+def test_fuse_siblings_of_a_loaded_model():
+    """fuse_siblings on layers already quantized (as a checkpoint loader
+    makes them, GPTQ here: its execution layout, scales [K / g, N] joined
+    along their second axis): the stacked layers hold exactly their rows,
+    and siblings of two specs are not a group."""
+    plain = Block()
+    ot.replace_linear(plain, "gptq_v2_w4a16_g128")
+    fused = copy.deepcopy(plain)
+    assert ot.fuse_siblings(fused) == [("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")]
+    assert ot.n_axes(plain.q_proj.kernel_spec) == {"qweight": 0, "scales": 1, "zeros": 1}
+    for group in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+        wide = getattr(fused, group[0]).wide
+        assert wide.spec_name == "gptq_v2_w4a16_g128" and wide.kernel_spec == plain.q_proj.kernel_spec
+        assert torch.equal(wide.dequantized(), torch.cat([getattr(plain, n).dequantized() for n in group]))
+    x = torch.randn(3, 256)
+    with torch.no_grad():
+        assert torch.equal(fused(x), plain(x))
+    mixed = Block()
+    ot.replace_linear(mixed, "w4a16_sym_g128", skip=["*v_proj"])
+    mixed.v_proj = ot.QuantLinear.from_linear("bnb_nf4", Block().v_proj)
+    assert ot.fuse_siblings(mixed) == [("gate_proj", "up_proj")]
 
 
 def test_replace_linear_skip_patterns_and_root():
