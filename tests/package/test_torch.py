@@ -527,7 +527,14 @@ def test_gpu_torch_compile(spec):
 def test_gpu_cuda_graph_replay_equals_eager(spec):
     model = tiny_mlp().cuda().half()
     ot.replace_linear(model, spec)
-    static_x = torch.randn(16, 256, device="cuda").half()
+    check_graph_replay(model, 16)
+
+
+def check_graph_replay(model: nn.Module, M: int, eager: nn.Module = None) -> None:
+    """model(x[M, 256]) captured in a CUDA graph, replayed on fresh inputs:
+    equal, bit for bit, to `eager` (default: model itself) run eagerly."""
+    eager = eager or model
+    static_x = torch.randn(M, 256, device="cuda").half()
     # Warm up on the stream that then captures: the first call of an M bucket
     # compiles and loads its kernel, and split-K kernels allocate their
     # workspace per stream; neither may happen during capture.
@@ -542,11 +549,11 @@ def test_gpu_cuda_graph_replay_equals_eager(spec):
         static_out = model(static_x)
     for seed in range(3):
         torch.manual_seed(100 + seed)
-        static_x.copy_(torch.randn(16, 256, device="cuda").half())
+        static_x.copy_(torch.randn(M, 256, device="cuda").half())
         graph.replay()
         torch.cuda.synchronize()
         with torch.no_grad():
-            assert torch.equal(static_out, model(static_x))
+            assert torch.equal(static_out, eager(static_x)), (M, seed)
 
 
 @pytest.mark.gpu
@@ -565,21 +572,7 @@ def test_gpu_fused_siblings_in_a_torch_graph(spec, record):
             err = rel_err(block(x), ref(x))
         record(test="torch_fused", spec=spec, M=M, rel_err=err)
         assert err <= (3e-2 if spec in A8_SPECS else 2e-3), (M, err)
-        static_x = x.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.no_grad(), torch.cuda.stream(side):
-            for _ in range(3):
-                block(static_x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph, stream=side):
-            static_out = block(static_x)
-        static_x.copy_(torch.randn(M, 256, device="cuda").half())
-        graph.replay()
-        torch.cuda.synchronize()
-        with torch.no_grad():
-            assert torch.equal(static_out, block(static_x))
+        check_graph_replay(block, M)
 
 
 def _float_twin(block: "Block") -> "Block":
@@ -617,23 +610,7 @@ def test_gpu_pdl_layers_in_a_torch_graph_equal_plain_ones(spec):
     ot.replace_linear(plain, spec)
     ot.replace_linear(pdl, spec, pdl=True)
     for M in (1, 16):
-        static_x = torch.randn(M, 256, device="cuda").half()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.no_grad(), torch.cuda.stream(side):     # warm-up: compile, load, workspaces
-            for _ in range(3):
-                pdl(static_x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph, stream=side):
-            static_out = pdl(static_x)
-        for seed in range(3):
-            torch.manual_seed(200 + seed)
-            static_x.copy_(torch.randn(M, 256, device="cuda").half())
-            graph.replay()
-            torch.cuda.synchronize()
-            with torch.no_grad():
-                assert torch.equal(static_out, plain(static_x)), (spec, M, seed)
+        check_graph_replay(pdl, M, eager=plain)
 
 
 @pytest.mark.gpu
