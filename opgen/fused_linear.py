@@ -7,15 +7,20 @@ three or two; at decode (M = 1) a 1024-row k or v projection is mostly
 launch and tail (docs/performance.md, Whole-model decode). The wide layer
 runs when the first sibling is called; the others take their columns of its
 output, a view, when they are called with the same input tensor (the same
-object). With another input, or a sibling called twice, the wide layer runs
-again: slower, never wrong.
+object, not modified in place since: its version counter). With another
+input, or a sibling called twice, the wide layer runs again: slower, never
+wrong.
 
 The shared state is a plain object (FusedOutput): torch.compile traces it
-into one matmul, and a CUDA graph captures the one launch. Torch only; the
+into one matmul, and a CUDA graph captures the one launch. (Under
+torch.compile the version counter cannot be read: an input modified in
+place between its siblings' calls would go unseen there; transformers'
+modules never do that.) Torch only; the
 stacked quantized layer is opgen.torch's (QuantLinear.stacked, fuse_siblings).
 """
 from typing import List, Mapping, Sequence, Tuple
 
+import torch
 from torch import nn
 
 from .model_shapes import FUSE_GROUPS
@@ -60,12 +65,13 @@ class FusedOutput:
         for n in sizes:
             self.bounds.append((lo, lo + n))
             lo += n
-        self._x = self._out = None
+        self._x = self._out = self._version = None
         self._served = set()
 
     def part(self, i: int, x):
-        if x is not self._x or i in self._served:
-            self._x, self._out, self._served = x, self.wide(x), set()
+        version = None if torch.compiler.is_compiling() else x._version
+        if x is not self._x or version != self._version or i in self._served:
+            self._x, self._version, self._out, self._served = x, version, self.wide(x), set()
         self._served.add(i)
         lo, hi = self.bounds[i]
         out = self._out[..., lo:hi]

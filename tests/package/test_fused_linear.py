@@ -72,6 +72,11 @@ def test_parts_share_one_computation_an_input():
         assert torch.equal(parts[0](x), want[:, :16]) and torch.equal(parts[1](y), wide.lin(y)[:, 16:24])
         assert torch.equal(parts[0](y), wide.lin(y)[:, :16]) and torch.equal(parts[0](y), wide.lin(y)[:, :16])
         assert wide.calls == 4
+        # an input modified in place since: computed again
+        z = torch.randn(3, 32)
+        parts[0](z)
+        z.add_(1.0)
+        assert torch.equal(parts[1](z), wide.lin(z)[:, 16:24]) and wide.calls == 6
     # part 0 holds the wide layer: its parameters are the model's, once
     model = nn.ModuleList(parts)
     assert [n for n, _ in model.named_parameters()] == ["0.wide.lin.weight"]
