@@ -218,8 +218,9 @@ def _float_linear(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> nn.Line
 
 
 def _quantized_layer(fmt: Format, name: str, mod: nn.Linear, files: _Files, local: Dict[str, str],
-                     dtype, device) -> Tuple[nn.Module, Optional[str], Optional[str]]:
-    """(module, spec name or None, why not served or None) of one quantized Linear."""
+                     dtype, device, pdl: bool) -> Tuple[nn.Module, Optional[str], Optional[str]]:
+    """(module, spec name or None, why not served or None) of one quantized
+    Linear (pdl: QuantLinear's)."""
     N, K = mod.out_features, mod.in_features
     st = {k: files.get(full) for k, full in local.items()}
     bias = st.pop("bias", None)
@@ -245,7 +246,7 @@ def _quantized_layer(fmt: Format, name: str, mod: nn.Linear, files: _Files, loca
     else:
         # on the target device first: QuantLinear moves them into the kernels' layout there
         tensors = {k: to_torch(v, device) for k, v in layer.tensors.items()}
-        q = QuantLinear(layer.spec, K, N, bias=bias, device=device, **tensors)
+        q = QuantLinear(layer.spec, K, N, bias=bias, device=device, pdl=pdl, **tensors)
         if layer.perm is None:
             return q, layer.spec.name, None
         return PermutedInput(q, torch.from_numpy(layer.perm).to(device)), layer.spec.name, None
@@ -292,13 +293,16 @@ def _experts(fmt: Format, model: nn.Module, files: _Files, report: LoadReport, d
 
 
 def load_quantized(path: Union[str, Path], device=None, dtype: torch.dtype = torch.float16,
-                   bitnet_activations: str = "int8", fuse: bool = False) -> Tuple[nn.Module, LoadReport]:
+                   bitnet_activations: str = "int8", fuse: bool = False,
+                   pdl: bool = False) -> Tuple[nn.Module, LoadReport]:
     """(model, report) of a quantized checkpoint directory (see the module's
     doc): the model in eval mode on `device` (default CPU, where QuantLinear
     runs the numpy reference), float tensors in `dtype`. bitnet_activations:
     "int8" (BitNet's own recipe) or "float" (hf_formats.BITNET_SPECS). fuse:
     the served siblings that read the same input (q / k / v, gate / up) as
-    one stacked layer each (opgen.torch.fuse_siblings; the report's `fused`)."""
+    one stacked layer each (opgen.torch.fuse_siblings; the report's `fused`).
+    pdl: the served layers' kernels launched for programmatic dependent
+    launch (QuantLinear's; sm_90)."""
     if bitnet_activations not in BITNET_SPECS:
         raise ValueError(f"bitnet_activations: {bitnet_activations!r}, expected one of "
                          f"{', '.join(BITNET_SPECS)}")
@@ -334,7 +338,7 @@ def load_quantized(path: Union[str, Path], device=None, dtype: torch.dtype = tor
             if "weight" in mine:
                 report.unquantized.append(name)
             continue
-        new, spec, why = _quantized_layer(fmt, name, mod, files, mine, dtype, device)
+        new, spec, why = _quantized_layer(fmt, name, mod, files, mine, dtype, device, pdl)
         model.set_submodule(name, new)
         if spec is not None:
             report.served[name] = spec

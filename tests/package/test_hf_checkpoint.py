@@ -246,16 +246,19 @@ def test_gptq(tmp_path, fmt, group):
 
 def test_fuse_stacks_the_served_siblings(tmp_path):
     """fuse=True: each decoder layer's q / k / v and gate / up run as one
-    stacked layer (the report says so); the logits are the unfused model's."""
+    stacked layer (the report says so); the logits are the unfused model's.
+    pdl=True reaches every served layer, stacked ones too."""
     config = llama_config()
     quantized_checkpoint(tmp_path, config, gptq_config(32, fmt="gptq_v2"),
                          lambda w, name: gptq_layer(w, 32, v1=False))
     plain, _ = hc.load_quantized(tmp_path, dtype=torch.float32)
-    fused, report = hc.load_quantized(tmp_path, dtype=torch.float32, fuse=True)
+    fused, report = hc.load_quantized(tmp_path, dtype=torch.float32, fuse=True, pdl=True)
     attn = "model.layers.{}.self_attn.{}_proj"
     assert report.fused[:2] == [tuple(attn.format(0, p) for p in "qkv"),
                                 ("model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj")]
     assert len(report.fused) == 2 * config["num_hidden_layers"] and "run as one layer each" in str(report)
+    down = fused.get_submodule("model.layers.0.mlp.down_proj")
+    assert down.pdl and fused.get_submodule("model.layers.0.mlp.up_proj").shared.wide.pdl
     ids = torch.tensor([[3, 17, 5, 42, 8, 11]])
     with torch.no_grad():
         assert torch.equal(fused(ids).logits, plain(ids).logits)
