@@ -244,7 +244,6 @@ class Bench:
             bad = check_layer(torch, v, mods.get(first, lin), reals.get(first), lin)
             if bad:
                 return fail(bad)
-            reals = {n: w.to(torch.float16) for n, w in reals.items()}
         except Exception as e:
             return fail(f"quantize: {short_error(e)}")
         self.log(f"{name}: {len(mods)} layers made in {time.perf_counter() - t:.1f} s")

@@ -72,8 +72,9 @@ class Variant:
 
     def layers(self, model, names: Sequence[str]) -> Tuple[Dict[str, object], Dict[str, object]]:
         """The layers replacing model's linears `names` (those that are not
-        the linear itself) and their real weights (where there are): `layer`
-        of each."""
+        the linear itself) and their real weights (where there are) in fp16,
+        as the reference model holds them (a whole model's float32 copies
+        would not fit beside it): `layer` of each."""
         mods, reals = {}, {}
         for n in names:
             lin = model.get_submodule(n)
@@ -81,7 +82,7 @@ class Variant:
             if mod is not lin:
                 mods[n] = mod
             if real is not None:
-                reals[n] = real
+                reals[n] = real.half()
         return mods, reals
 
 
