@@ -30,8 +30,8 @@ def sibling_groups(model: nn.Module, eligible: Sequence[str],
                    groups: Sequence[Sequence[str]] = FUSE_GROUPS) -> List[Tuple[str, ...]]:
     """The qualified names of `eligible` layers of model (nn.Linear or
     opgen's QuantLinear) that fuse: for each module, each of `groups` whose
-    members are all its children, all eligible, of one kind (class, spec),
-    in_features, dtype and device."""
+    members are all its children, all eligible, of one kind (class, spec,
+    launch), in_features, dtype and device."""
     ok = set(eligible)
     out = []
     for parent_name, parent in model.named_modules():
@@ -45,12 +45,12 @@ def sibling_groups(model: nn.Module, eligible: Sequence[str],
 
 
 def _kind(layer: nn.Module) -> tuple:
-    """What siblings must share to stack: class, spec, in_features, and the
-    dtype and device of the first tensor held."""
+    """What siblings must share to stack: class, spec, launch (pdl),
+    in_features, and the dtype and device of the first tensor held."""
     t = next(layer.parameters(), None)
     if t is None:
         t = next(layer.buffers(), None)
-    return (type(layer), getattr(layer, "spec_name", None), layer.in_features,
+    return (type(layer), getattr(layer, "spec_name", None), getattr(layer, "pdl", None), layer.in_features,
             None if t is None else (t.dtype, t.device))
 
 

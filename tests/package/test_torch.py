@@ -159,7 +159,10 @@ def test_fuse_siblings_of_a_loaded_model():
     mixed = Block()
     ot.replace_linear(mixed, "w4a16_sym_g128", skip=["*v_proj"])
     mixed.v_proj = ot.QuantLinear.from_linear("bnb_nf4", Block().v_proj)
-    assert ot.fuse_siblings(mixed) == [("gate_proj", "up_proj")]
+    assert ot.fuse_siblings(copy.deepcopy(mixed)) == [("gate_proj", "up_proj")]
+    # nor siblings launched two ways
+    mixed.up_proj = ot.QuantLinear.from_linear("w4a16_sym_g128", Block().up_proj, pdl=True)
+    assert ot.fuse_siblings(mixed) == []
 
 
 def test_replace_linear_skip_patterns_and_root():
