@@ -7,17 +7,23 @@ three or two; at decode (M = 1) a 1024-row k or v projection is mostly
 launch and tail (docs/performance.md, Whole-model decode). The wide layer
 runs when the first sibling is called; the others take their columns of its
 output, a view, when they are called with the same input tensor (the same
-object, not modified in place since: its version counter). With another
-input, or a sibling called twice, the wide layer runs again: slower, never
-wrong.
+object, not modified in place since: its version counter), in the same
+thread. With another input, or a sibling called twice, the wide layer runs
+again: slower, not wrong. The output is let go of once every sibling has
+taken its columns, so an input is only matched between its siblings' calls
+(transformers' q / k / v and gate / up calls follow each other).
 
-The shared state is a plain object (FusedOutput): torch.compile traces it
-into one matmul, and a CUDA graph captures the one launch. (Under
-torch.compile the version counter cannot be read: an input modified in
-place between its siblings' calls would go unseen there; transformers'
-modules never do that.) Torch only; the
-stacked quantized layer is opgen.torch's (QuantLinear.stacked, fuse_siblings).
+What the match cannot see: an input changed in place between those calls
+without its version counter (through .data, numpy, DLPack or raw pointers),
+or under torch.compile and inference mode, where there is no counter to
+read (identity alone then). transformers' modules never do either.
+
+The shared state is a plain object (FusedOutput), one per thread:
+torch.compile traces it into one matmul, and a CUDA graph captures the one
+launch. Torch only; the stacked quantized layer is opgen.torch's
+(QuantLinear.stacked, fuse_siblings).
 """
+import threading
 from typing import List, Mapping, Sequence, Tuple
 
 import torch
@@ -31,7 +37,8 @@ def sibling_groups(model: nn.Module, eligible: Sequence[str],
     """The qualified names of `eligible` layers of model (nn.Linear or
     opgen's QuantLinear) that fuse: for each module, each of `groups` whose
     members are all its children, all eligible, of one kind (class, spec,
-    launch), in_features, dtype and device."""
+    launch), in_features, dtype and device; a layer in one group only (the
+    first that takes it)."""
     ok = set(eligible)
     out = []
     for parent_name, parent in model.named_modules():
@@ -41,17 +48,20 @@ def sibling_groups(model: nn.Module, eligible: Sequence[str],
             if all(n in ok for n in names) and \
                     len({_kind(parent.get_submodule(child)) for child in group}) == 1:
                 out.append(tuple(names))
+                ok -= set(names)          # (groups that overlap: the first one given)
     return out
 
 
 def _kind(layer: nn.Module) -> tuple:
-    """What siblings must share to stack: class, spec, launch (pdl),
-    in_features, and the dtype and device of the first tensor held."""
+    """What siblings must share to stack: class, the spec their kernels run
+    (its content, layout included), launch (pdl), in_features, and the
+    dtype and device of the first tensor held."""
     t = next(layer.parameters(), None)
     if t is None:
         t = next(layer.buffers(), None)
-    return (type(layer), getattr(layer, "spec_name", None), getattr(layer, "pdl", None), layer.in_features,
-            None if t is None else (t.dtype, t.device))
+    ks = getattr(layer, "kernel_spec", None)
+    return (type(layer), None if ks is None else ks.content_hash(), getattr(layer, "pdl", None),
+            layer.in_features, None if t is None else (t.dtype, t.device))
 
 
 class FusedOutput:
@@ -65,18 +75,28 @@ class FusedOutput:
         for n in sizes:
             self.bounds.append((lo, lo + n))
             lo += n
-        self._x = self._out = self._version = None
-        self._served = set()
+        self._local = threading.local()      # (threads running one model each match their own input)
+
+    def __getstate__(self):                  # (copies and pickles hold no input or output)
+        return {"wide": self.wide, "bounds": self.bounds}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._local = threading.local()
 
     def part(self, i: int, x):
-        version = None if torch.compiler.is_compiling() else x._version
-        if x is not self._x or version != self._version or i in self._served:
-            self._x, self._version, self._out, self._served = x, version, self.wide(x), set()
-        self._served.add(i)
+        if torch.compiler.is_compiling():
+            s = self                              # (traced once: no thread state to keep apart)
+        else:
+            s = self._local
+        version = None if torch.compiler.is_compiling() or x.is_inference() else x._version
+        if getattr(s, "x", None) is not x or s.version != version or i in s.served:
+            s.x, s.version, s.out, s.served = x, version, self.wide(x), set()
+        s.served.add(i)
         lo, hi = self.bounds[i]
-        out = self._out[..., lo:hi]
-        if len(self._served) == len(self.bounds):       # every part served: let go of them
-            self._x = self._out = None
+        out = s.out[..., lo:hi]
+        if len(s.served) == len(self.bounds):       # every part served: let go of them
+            s.x = s.out = None
         return out
 
 

@@ -54,7 +54,7 @@ from .codegen.planner import PlanError, check_shape
 from .codegen.resolve import as_spec
 from .hf_formats import BITNET_SPECS, FORMATS, CheckpointError, Format, NotServed, Target
 from .model_shapes import read_json_object
-from .torch import QuantLinear, fuse_siblings, to_numpy, to_torch
+from .torch import QuantLinear, fuse_siblings, n_axes, to_numpy, to_torch
 
 __all__ = ["load_quantized", "LoadReport", "CheckpointError", "PermutedInput"]
 
@@ -375,5 +375,14 @@ def load_quantized(path: Union[str, Path], device=None, dtype: torch.dtype = tor
     if device is not None:
         model.to(device)
     if fuse:
+        specs = {}
+        for name in report.served:
+            ks = model.get_submodule(name).kernel_spec
+            specs.setdefault(ks.content_hash(), ks)
+        for ks in specs.values():
+            try:
+                n_axes(ks)
+            except ValueError as e:       # (fuse_siblings leaves those layers as they are)
+                report.notes.append(f"{e}: its siblings stay separate layers")
         report.fused = fuse_siblings(model, list(report.served))
     return model.eval(), report

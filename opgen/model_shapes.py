@@ -31,6 +31,9 @@ __all__ = ["LinearShape", "MODELS_DIR", "FUSE_GROUPS", "shipped_models", "model_
 # Children of one module that read the same input, by their transformers
 # names: attention's q / k / v and the gated MLP's gate / up (Llama, Mistral,
 # Qwen2, Gemma, ...); opgen.fused_linear runs each group as one wider layer.
+# (Cross-attention, q from the decoder and k / v from the encoder as in
+# BART's and Whisper's `encoder_attn`, matches too: the answers stay right,
+# each input computing the whole wide layer, but nothing is gained there.)
 FUSE_GROUPS: Tuple[Tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 

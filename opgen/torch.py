@@ -525,15 +525,30 @@ def fuse_siblings(model: nn.Module, names: Optional[Iterable[str]] = None,
     child names: q / k / v and gate / up by default; among `names`, default
     every QuantLinear) replaced in place by the parts of one stacked layer
     each (QuantLinear.stacked, opgen.fused_linear): one launch a group.
+    Layers whose spec has a tensor with no n axis (n_axes: a tensor scale)
+    stay as they are. Every stacked layer is made before any is installed.
     Returns the groups fused."""
     if names is None:
         names = [n for n, m in model.named_modules() if isinstance(m, QuantLinear)]
-    names = [n for n in names if isinstance(model.get_submodule(n), QuantLinear)]
+    stacks: Dict[str, bool] = {}
+
+    def stackable(layer) -> bool:
+        key = layer.kernel_spec.content_hash()
+        if key not in stacks:
+            try:
+                stacks[key] = bool(n_axes(layer.kernel_spec))
+            except ValueError:
+                stacks[key] = False
+        return stacks[key]
+
+    names = [n for n in names
+             if isinstance(model.get_submodule(n), QuantLinear) and stackable(model.get_submodule(n))]
     found = sibling_groups(model, names, groups)
+    parts = {}
     for group in found:
         layers = [model.get_submodule(n) for n in group]
-        install(model, dict(zip(group, fused_parts(QuantLinear.stacked(layers),
-                                                   [q.out_features for q in layers]))))
+        parts.update(zip(group, fused_parts(QuantLinear.stacked(layers), [q.out_features for q in layers])))
+    install(model, parts)
     return found
 
 

@@ -292,7 +292,9 @@ def precompile(bench: Bench, workers: Optional[int]) -> None:
     shapes = list(dict.fromkeys(shapes))
     Ms = sorted({CHECK_ROWS} | {B for B in bench.plan.batches}
                 | {B * bench.plan.prompt for B in bench.plan.batches})
-    jobs = compiles.compile_jobs(specs, shapes, Ms, TuningDB(), True, current_arch())
+    # (the +pdl variants' kernels too: their launch is another kernel)
+    pdl_Ms = Ms if any(v.pdl for v in ours) else ()
+    jobs = compiles.compile_jobs(specs, shapes, Ms, TuningDB(), True, current_arch(), pdl_Ms)
     compiles.wait(compiles.start(jobs, current_arch(), workers, bench.log), bench.log)
 
 

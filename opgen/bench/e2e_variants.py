@@ -46,8 +46,9 @@ DEFAULT_VARIANTS = ("fp16", "no_linear", "opgen:w4a16_sym_g128", "opgen:w4a16_sy
                     "opgen:awq_w4a16_g128", "opgen:bnb_nf4", "opgen:mxfp4", "opgen:w8a8_int8", "torch_int4",
                     "gemlite_w4")
 PEERS = ("torch_int4", "gemlite_w4")
-# opgen:SPEC+OPTION...: pdl (programmatic dependent launch), fuse (sibling layers as one)
-OPGEN_OPTIONS = ("pdl", "fuse")
+# opgen:SPEC+OPTION...: fuse (sibling layers as one), pdl (programmatic
+# dependent launch); a variant's name lists its options in this order
+OPGEN_OPTIONS = ("fuse", "pdl")
 
 
 class Variant:
@@ -131,7 +132,8 @@ def _no_linear_class():
 class Opgen(Variant):
     def __init__(self, spec: str, pdl: bool = False, fuse: bool = False):
         self.spec, self.pdl, self.fuse = as_spec(spec), pdl, fuse
-        self.name = f"opgen:{spec}" + "".join(f"+{o}" for o, on in (("pdl", pdl), ("fuse", fuse)) if on)
+        on = {"fuse": fuse, "pdl": pdl}
+        self.name = f"opgen:{spec}" + "".join(f"+{o}" for o in OPGEN_OPTIONS if on[o])
         self.act = self.spec.a.dtype if self.spec.a.dtype in A8_DTYPES else None
         self.check_tol = tolerance(self.spec)      # the kernel tests' bound
 

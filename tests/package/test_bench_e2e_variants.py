@@ -35,7 +35,7 @@ def test_variant_names():
     assert ev.variant("opgen:w4a16_sym_g128+pdl").unavailable(torch.device("cpu")).startswith(
         "programmatic dependent launch needs a GPU")
     v = ev.variant("opgen:bnb_nf4+fuse+pdl")
-    assert v.fuse and v.pdl and v.name == "opgen:bnb_nf4+pdl+fuse" and ev.variant("opgen:bnb_nf4+fuse").fuse
+    assert v.fuse and v.pdl and v.name == "opgen:bnb_nf4+fuse+pdl" and ev.variant("opgen:bnb_nf4+fuse").fuse
     for bad in ("opgen:", "opgen:+pdl", "opgen:bnb_nf4+fast", "opgen:bnb_nf4+pdl+pdl", "int4", "gemlite"):
         with pytest.raises(ValueError, match="unknown variant"):
             ev.variant(bad)
@@ -170,6 +170,10 @@ def test_fuse_variant_layers():
     assert type(mods["attn.k_proj"]).__name__ == "FusedPart" and type(mods["attn.o_proj"]).__name__ == "QuantLinear"
     for n in names:
         assert torch.equal(reals[n], plain_reals[n]), n
+    wide = mods["attn.q_proj"].wide.dequantized().to(reals["attn.q_proj"].dtype)
+    for n in names[:3]:                          # each part's rows of the stacked layer
+        lo, hi = mods[n].shared.bounds[mods[n].index]
+        assert torch.equal(wide[lo:hi], reals[n]), n
     x = torch.randn(3, 256).half()
     with torch.no_grad():
         for n in names[:3]:

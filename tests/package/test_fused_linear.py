@@ -1,5 +1,8 @@
 """opgen/fused_linear.py: sibling layers found by name, and the wide layer's
 output shared by its parts (computed once an input, views for the parts)."""
+import copy
+import threading
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -42,6 +45,10 @@ def test_sibling_groups():
     assert fl.sibling_groups(odd, linear_names(odd)) == [("mlp.gate_proj", "mlp.up_proj")]
     assert fl.sibling_groups(odd, linear_names(odd), groups=[("q_proj", "v_proj")]) == [
         ("self_attn.q_proj", "self_attn.v_proj")]
+    # groups that overlap: a layer goes to the first group that takes it
+    assert fl.sibling_groups(odd, linear_names(odd), groups=[("q_proj", "v_proj"), ("v_proj", "o_proj"),
+                                                             ("gate_proj", "up_proj")]) == [
+        ("self_attn.q_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj")]
 
 
 class Counting(nn.Module):
@@ -63,7 +70,7 @@ def test_parts_share_one_computation_an_input():
     with torch.no_grad():
         want = wide.lin(x)
         outs = [p(x) for p in parts]
-        assert wide.calls == 1 and parts[0].shared._out is None          # served, let go
+        assert wide.calls == 1 and parts[0].shared._local.out is None     # served, let go
         for out, (lo, hi) in zip(outs, [(0, 16), (16, 24), (24, 40)]):
             assert torch.equal(out, want[:, lo:hi])
         assert outs[1].data_ptr() == outs[0].data_ptr() + 16 * outs[0].element_size()   # views
@@ -77,6 +84,9 @@ def test_parts_share_one_computation_an_input():
         parts[0](z)
         z.add_(1.0)
         assert torch.equal(parts[1](z), wide.lin(z)[:, 16:24]) and wide.calls == 6
+    with torch.inference_mode():                 # (no version counter there: identity alone)
+        i = torch.randn(3, 32)
+        assert torch.equal(torch.cat([p(i) for p in parts], -1), wide.lin(i)) and wide.calls == 7
     # part 0 holds the wide layer: its parameters are the model's, once
     model = nn.ModuleList(parts)
     assert [n for n, _ in model.named_parameters()] == ["0.wide.lin.weight"]
@@ -108,3 +118,31 @@ def test_compile_traces_one_wide_call():
     with torch.no_grad():
         assert torch.allclose(compiled(x), use(x))
     assert seen == [1]
+
+
+def test_threads_match_their_own_input():
+    """The shared state is per thread: another thread calling a part with
+    the same input computes its own wide output (it would otherwise take
+    columns that this thread's input may replace under it), while this
+    thread's next part is still served from its own. A copy of the parts
+    holds no input or output."""
+    wide = Counting()
+    parts = fl.fused_parts(wide, [16, 24])
+    x, got = torch.randn(3, 32), {}
+
+    def other():
+        with torch.no_grad():
+            got["calls"], got["out"] = wide.calls, parts[1](x)
+            got["after"] = wide.calls
+    with torch.no_grad():
+        head = parts[0](x)
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert (got["calls"], got["after"]) == (1, 2) and torch.equal(got["out"], wide.lin(x)[:, 16:])
+        assert torch.equal(torch.cat([head, parts[1](x)], -1), wide.lin(x)) and wide.calls == 2
+        parts[0](x)
+        copied = copy.deepcopy(nn.ModuleList(parts))
+        assert copied[0].shared is copied[1].shared and copied[0].wide is copied[1].shared.wide
+        assert getattr(copied[0].shared._local, "x", None) is None
+        assert torch.equal(copied[1](x), wide.lin(x)[:, 16:])

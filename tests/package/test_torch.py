@@ -163,6 +163,10 @@ def test_fuse_siblings_of_a_loaded_model():
     # nor siblings launched two ways
     mixed.up_proj = ot.QuantLinear.from_linear("w4a16_sym_g128", Block().up_proj, pdl=True)
     assert ot.fuse_siblings(mixed) == []
+    # nor layers of a spec with a tensor scale (one for the stacked weights): they stay as they are
+    ternary = Block()
+    ot.replace_linear(ternary, "bitnet_b158")
+    assert ot.fuse_siblings(ternary) == [] and isinstance(ternary.q_proj, ot.QuantLinear)
 
 
 def test_replace_linear_skip_patterns_and_root():
