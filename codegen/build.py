@@ -6,6 +6,7 @@ logic file: the runtime matches the call's M against it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -15,6 +16,7 @@ from . import hw, planner
 from .buckets import BUCKETS, representative_M
 from .compiler import compile_config, compile_kernel, default_config, nvrtc_version
 from .errors import UserError
+from .files import write_atomic
 from .canonical import spec_to_yaml_dict
 from .kernel_args import ARGUMENTS, TMA_ARGUMENTS
 from .planner.config import QUANTIZE_K_ALIGN, shape_problems
@@ -72,6 +74,7 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
             written += _write(out, stem, c)
             launches.append(dict(
                 entry=c.name, source=f"{stem}.cu", cubin=f"{stem}.{c.plan.target}.cubin",
+                cubin_sha256=hashlib.sha256(c.cubin).hexdigest(),
                 target=c.plan.target,   # sm_90a cubins (wgmma) run on compute capability 9.0 only
                 config=stage_cfg.to_dict(), block=[c.plan.threads, 1, 1],
                 dynamic_smem=c.plan.smem_at(K), grid=c.plan.grid.text(), ptxas=c.resources,
@@ -87,9 +90,7 @@ def build_spec(spec: Spec, out_dir, arch: str, M: Optional[int] = None,
                           "K % group == 0 (see docs/spec.md)",
                 arguments=[a.describe() for a in ARGUMENTS],
                 dispatch=dispatch, kernels=kernels)
-    p = out / "plan.json"
-    p.write_text(json.dumps(plan, indent=1) + "\n")
-    return written + [p]
+    return written + [_write_plan(out, plan)]
 
 
 def _execution(stored: Spec, spec: Spec) -> dict:
@@ -104,11 +105,19 @@ def _execution(stored: Spec, spec: Spec) -> dict:
 
 def _write(out: Path, stem: str, c) -> List[Path]:
     """The generated source and its cubin (named for its NVRTC target: sm_90a
-    for wgmma kernels), side by side."""
+    for wgmma kernels), side by side; each written whole or not at all."""
     cu, cb = out / f"{stem}.cu", out / f"{stem}.{c.plan.target}.cubin"
-    cu.write_text(c.source)
-    cb.write_bytes(c.cubin)
+    write_atomic(cu, c.source)
+    write_atomic(cb, c.cubin)
     return [cu, cb]
+
+
+def _write_plan(out: Path, plan: dict) -> Path:
+    """plan.json, written last: a build cut short (or another build into the
+    same folder) leaves cubins that its cubin_sha256 values tell apart."""
+    p = out / "plan.json"
+    write_atomic(p, json.dumps(plan, indent=1) + "\n")
+    return p
 
 
 def _build_quantize(spec: Spec, out: Path, arch: str) -> List[Path]:
@@ -117,6 +126,7 @@ def _build_quantize(spec: Spec, out: Path, arch: str) -> List[Path]:
     cu, cb = _write(out, name, c)
     plan = dict(opgen=__version__, spec=spec.name, spec_hash=spec.content_hash(), arch=arch,
                 kernels={name: dict(entry=name, source=cu.name, cubin=cb.name,
+                                    cubin_sha256=hashlib.sha256(c.cubin).hexdigest(),
                                     block=[c.plan.threads, 1, 1], grid=c.plan.grid.text(),
                                     ptxas=c.resources)},
                 alignment=f"K % {QUANTIZE_K_ALIGN} == 0",
@@ -124,6 +134,4 @@ def _build_quantize(spec: Spec, out: Path, arch: str) -> List[Path]:
                            dict(name="codes", type="void*", doc="codes [M, K] (out dtype)"),
                            dict(name="scale", type="float*", doc="per-row scales [M]"),
                            dict(name="M", type="int", doc=""), dict(name="K", type="int", doc="")])
-    p = out / "plan.json"
-    p.write_text(json.dumps(plan, indent=1) + "\n")
-    return [cu, cb, p]
+    return [cu, cb, _write_plan(out, plan)]

@@ -11,6 +11,7 @@ leaves a truncated cubin behind.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import hashlib
@@ -31,6 +32,7 @@ import jinja2
 
 from .version import __version__
 from . import planner, render
+from .files import write_atomic
 from .spec import Spec
 
 
@@ -69,6 +71,27 @@ def _nvrtc():
 def nvrtc_version() -> str:
     major, minor = _nvrtc().getVersion()
     return f"{major}.{minor}"
+
+
+@functools.lru_cache(maxsize=1)
+def nvrtc_fingerprint() -> str:
+    """NVRTC's version and the file this process loaded it from (Linux:
+    /proc/self/maps; its name, size and modification time, not its 100 MB
+    of content; elsewhere the version alone): a patch release keeps
+    major.minor but may compile differently."""
+    version = nvrtc_version()                 # (loads the library)
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return version
+    libs = sorted({line.split()[-1] for line in maps.splitlines()
+                   if re.search(r"/libnvrtc\.so[.\d]*$", line)})
+    ids = [version]
+    for lib in libs:
+        with contextlib.suppress(OSError):
+            st = os.stat(lib)
+            ids.append(f"{lib.rsplit('/', 1)[-1]}:{st.st_size}:{st.st_mtime_ns}")
+    return " ".join(ids)
 
 
 @functools.lru_cache(maxsize=1)
@@ -123,40 +146,17 @@ def cache_key(spec: Spec, cfg: Optional[planner.Config], arch: str, target: str,
               pdl: bool = False) -> str:
     """Everything that changes the binary: what the source is rendered from
     (pdl too: render's), the NVRTC options (less the include path), the
-    headers' content, NVRTC and opgen."""
+    headers' content, NVRTC (the library loaded) and opgen."""
     opts = [o for o in options(target) if not o.startswith("-I")]
     return hashlib.sha256("\0".join(
         [code_fingerprint(), repr(spec), repr(cfg), arch, f"pdl={pdl}", " ".join(opts),
-         headers_fingerprint(), nvrtc_version(), __version__]).encode()).hexdigest()[:32]
+         headers_fingerprint(), nvrtc_fingerprint(), __version__]).encode()).hexdigest()[:32]
 
 
 def cache_dir() -> Path:
     root = os.environ.get("OPGEN_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "opgen")
     return Path(root) / "cubin"
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_FILE_MODE = 0o666 & ~_umask()      # what open() would give (mkstemp gives 0600)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def nvrtc_compile(source: str, name: str, arch: str) -> tuple[bytes, str]:
@@ -201,19 +201,25 @@ def _package_files(root, prefix: str = ""):
             yield prefix + f.name, f.read_bytes()
 
 
-def _digest(cubin: bytes) -> str:
-    return hashlib.sha256(cubin).hexdigest()
+def _digest(cubin: bytes, source: str, log: str) -> str:
+    """One cache entry's sha256: its cubin, source and ptxas log together
+    (the log tells default_config of spills, build copies the source)."""
+    h = hashlib.sha256()
+    for part in (cubin, source.encode(), log.encode()):
+        h.update(len(part).to_bytes(8, "little") + part)
+    return h.hexdigest()
 
 
 def _read_entry(path: Path, log_path: Path, src_path: Path, sum_path: Path):
-    """(cubin, source, log) of a complete cache entry whose cubin is the one
-    written (an ELF image with the recorded sha256), else None: a truncated,
-    emptied or overwritten cubin is compiled again, never served."""
+    """(cubin, source, log) of a complete cache entry whose files are the
+    ones written (an ELF image, and the recorded sha256 of all three), else
+    None: a truncated, emptied or overwritten file is compiled again, never
+    served."""
     try:
-        cubin = path.read_bytes()
-        if cubin[:4] != b"\x7fELF" or sum_path.read_text().strip() != _digest(cubin):
+        cubin, source, log = path.read_bytes(), src_path.read_text(), log_path.read_text()
+        if cubin[:4] != b"\x7fELF" or sum_path.read_text().strip() != _digest(cubin, source, log):
             return None
-        return cubin, src_path.read_text(), log_path.read_text()
+        return cubin, source, log
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -251,10 +257,11 @@ def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
         log += "\nopgen: warning: local memory in use\n"
     if use_cache:
         # The cubin last: its presence (with the others) marks a complete entry.
-        _atomic_write(log_path, log.encode())
-        _atomic_write(src_path, source.encode())
-        _atomic_write(sum_path, _digest(cubin).encode())
-        _atomic_write(path, cubin)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(log_path, log)
+        write_atomic(src_path, source)
+        write_atomic(sum_path, _digest(cubin, source, log))
+        write_atomic(path, cubin)
     return Compiled(cubin, name, source, log, plan, arch)
 
 

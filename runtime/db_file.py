@@ -32,7 +32,7 @@ import json
 import math
 import os
 import re
-import tempfile
+import sys
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -40,8 +40,12 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ..codegen.buckets import LABELS, bucket_order
+from ..codegen.files import write_atomic
 
 FORMAT = "opgen-tuning-db"
+# The M bucket labels (codegen.buckets.LABELS) are part of the format: a
+# record under a label this opgen does not know is dropped as bad, so a
+# change of the labels bumps VERSION (older opgens then leave the file alone).
 VERSION = 1
 ENV_VAR = "OPGEN_TUNING_DB"          # the user DB's path (tuning_db.default_path)
 
@@ -199,10 +203,18 @@ class DBFile:
 
 @contextlib.contextmanager
 def locked(path: Path):
-    """Exclusive flock on PATH.lock; the lock file stays (removing it would race)."""
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    """Exclusive flock on PATH.lock; the lock file stays (removing it would
+    race). A lock another process holds is waited for, said once on stderr
+    (a killed holder's lock is released by the kernel; a stopped one's is not)."""
+    lock = path.with_name(path.name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"opgen: waiting for {lock}: another opgen process is writing the tuning DB",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)           # closing releases the lock
@@ -231,32 +243,10 @@ def _temp_name(path: Path) -> "re.Pattern[str]":
 
 
 def atomic_write(path: Path, doc: dict) -> None:
-    """Replace PATH by doc, atomically; call it holding PATH's lock (which is
-    what lets the next writer remove a temp file a killed one left)."""
-    try:
-        mode = os.stat(path).st_mode & 0o777
-    except OSError:
-        mode = 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)    # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    # Make the rename itself durable (best effort: not every fs allows it).
-    with contextlib.suppress(OSError):
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+    """Replace PATH by doc, atomically and durably (codegen.files); call it
+    holding PATH's lock (which is what lets the next writer remove a temp
+    file a killed one left)."""
+    write_atomic(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n", durable=True)
 
 
 def remove_stale_temps(path: Path) -> int:
@@ -289,7 +279,9 @@ def _os_error(path: Path, e: OSError) -> TuningDBError:
 def update(path: Path, mutate, write_if=lambda result: True):
     """Under the file's lock: read it afresh, mutate(records) -> result, and
     write it back if write_if(result); returns the result.  Every way the
-    file cannot be written raises TuningDBError."""
+    file cannot be written raises TuningDBError. A symbolic link is
+    followed: its target is locked and replaced, the link stays."""
+    path = Path(os.path.realpath(path))
     try:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

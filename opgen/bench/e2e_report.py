@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..codegen.files import write_atomic
 from .report import markdown_table
 
 W4A16 = "opgen:w4a16_sym_g128"
@@ -200,7 +201,7 @@ def plot(results: dict, out_dir: Path) -> List[str]:
 def write_outputs(results: dict, out_dir, plots: bool = True) -> List[str]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "e2e.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out_dir / "e2e.md").write_text(markdown(results))
+    write_atomic(out_dir / "e2e.json", json.dumps(results, indent=1) + "\n")
+    write_atomic(out_dir / "e2e.md", markdown(results))
     paths = [str(out_dir / "e2e.json"), str(out_dir / "e2e.md")]
     return paths + (plot(results, out_dir) if plots else [])

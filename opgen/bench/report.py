@@ -10,6 +10,7 @@ from typing import List, Optional, Sequence
 from opgen.bench.graph import L2_FACTOR, MAX_M, MIN_LAYERS
 from opgen.bench.plan import BASELINE, PEER_LABELS, PEERS
 from opgen.bench.targets import TARGET_SHAPE
+from opgen.codegen.files import write_atomic
 
 # --- Markdown ---------------------------------------------------------------------
 
@@ -424,8 +425,8 @@ def _json_default(x):
 def write_outputs(results: dict, out_dir, plots: bool = True) -> List[str]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "bench.json").write_text(json.dumps(results, indent=1, default=_json_default) + "\n")
-    (out_dir / "bench.md").write_text(markdown(results))
+    write_atomic(out_dir / "bench.json", json.dumps(results, indent=1, default=_json_default) + "\n")
+    write_atomic(out_dir / "bench.md", markdown(results))
     paths = [str(out_dir / "bench.json"), str(out_dir / "bench.md")]
     if plots:
         paths += plot(results, out_dir)

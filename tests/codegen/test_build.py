@@ -3,6 +3,7 @@ every arch through NVRTC (no GPU needed), with its plan.json; the plan of a
 dynamic M (one kernel per M bucket's pick, each written once); a shape the
 spec or the kernels do not allow refused before anything is compiled or
 written, a default size named as the default."""
+import hashlib
 import json
 from types import SimpleNamespace
 
@@ -92,6 +93,8 @@ def test_dynamic_M_plan(name, arch, tmp_path, monkeypatch):
         for launch in k.get("before", []) + [k]:
             assert (tmp_path / launch["source"]).is_file() and (tmp_path / launch["cubin"]).is_file()
             assert launch["cubin"].endswith(f".{launch['target']}.cubin")
+            cubin = (tmp_path / launch["cubin"]).read_bytes()
+            assert launch["cubin_sha256"] == hashlib.sha256(cubin).hexdigest()
         assert [b["config"]["family"] for b in k.get("before", [])] in ([], ["dequant"])
     written = {p.name for p in paths}
     assert "plan.json" in written and len(written) == len(paths)     # nothing written twice

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from opgen.codegen import hw, planner, render
 from opgen.codegen.resolve import load_spec, shipped_specs
 from opgen.codegen.spec import weight_code
-from opgen.codegen import compiler
+from opgen.codegen import compiler, files
 from opgen.codegen.lower import numerics
 from opgen.codegen.validate import spec_from_dict
 from strategies import runnable_shape, valid_spec_dicts
@@ -426,6 +426,23 @@ def test_a_damaged_cached_cubin_is_compiled_again(damage, tmp_path, monkeypatch)
     assert cubin.read_bytes() == good
 
 
+@pytest.mark.parametrize("part", [".cu", ".log"])
+def test_a_damaged_cached_source_or_log_is_compiled_again(part, tmp_path, monkeypatch):
+    """The entry's checksum covers its source (build copies it) and ptxas
+    log (default_config reads spills from it) too: either damaged, the
+    entry is compiled again."""
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
+    s = spec("w4a16_sym_g128")
+    cfg = planner.heuristic(s, "sm_90", 16, 4096, 4096)
+    good = compiler.compile_kernel(s, cfg, "sm_90")
+    (cubin,) = (tmp_path / "cubin").glob("*.cubin")
+    damaged = cubin.with_suffix(part)
+    damaged.write_text("garbage")
+    again = compiler.compile_kernel(s, cfg, "sm_90")
+    assert again.source == good.source and again.resources == good.resources   # (the log's times differ)
+    assert damaged.read_text() == (again.source if part == ".cu" else again.log) != "garbage"
+
+
 def test_cache_is_keyed_by_the_headers_content_not_their_path(tmp_path, monkeypatch):
     """Two installs whose headers say the same share cache entries; headers
     that differ miss. Cache files are readable by others (umask), not 0600."""
@@ -452,7 +469,7 @@ def test_cache_is_keyed_by_the_headers_content_not_their_path(tmp_path, monkeypa
     monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
     compiler.compile_kernel(s, cfg, "sm_90")
     mode = next((tmp_path / "cubin").glob("*.cubin")).stat().st_mode & 0o777
-    assert mode == 0o666 & ~compiler._umask()
+    assert mode == 0o666 & ~files._umask()
 
 
 def test_default_config_passes_over_picks_that_spill(tmp_path, monkeypatch):
@@ -562,3 +579,17 @@ def test_pdl_kernels_prefetch_their_weights_before_the_wait(kind, tmp_path, monk
         prefetch = re.search(rf"\b{op}\b", sass)
         assert prefetch and prefetch.start() < wait.start(), op
     assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
+def test_cache_is_keyed_by_the_nvrtc_library_loaded(monkeypatch):
+    """A patch release of NVRTC keeps major.minor: the key holds the
+    library file this process loaded (name, size, mtime) as well."""
+    fp = compiler.nvrtc_fingerprint()
+    assert fp.startswith(compiler.nvrtc_version())
+    if os.path.exists("/proc/self/maps"):
+        assert "libnvrtc.so" in fp
+    s = spec("w4a16_sym_g128")
+    cfg = planner.heuristic(s, "sm_90", 16, 4096, 4096)
+    key = compiler.cache_key(s, cfg, "sm_90", "sm_90")
+    monkeypatch.setattr(compiler, "nvrtc_fingerprint", lambda: fp + " libnvrtc.so.12:1:2")
+    assert compiler.cache_key(s, cfg, "sm_90", "sm_90") != key

@@ -3,10 +3,12 @@ concurrent writers and lock-free readers, bad records, damaged and foreign
 files, temp files of killed writers, paths the filesystem refuses, the
 cached read."""
 import dataclasses
+import fcntl
 import json
 import multiprocessing
 import os
 import signal
+import threading
 import warnings
 
 import pytest
@@ -253,3 +255,35 @@ def test_lookups_use_the_cache_until_the_file_changes(path, monkeypatch):
     assert len(reads) == 1
     TuningDB(path, shipped=False).put(key_for(), "2-4", rec())        # another writer
     assert db.lookup(key_for(), "2-4") is not None
+
+
+def test_a_symlinked_db_is_written_through_its_link(tmp_path):
+    """A DB path that is a symbolic link (a user's DB pointing at a shared
+    one): the target is locked and replaced, the link stays a link."""
+    shared = tmp_path / "shared" / "tuning.json"
+    TuningDB(shared, shipped=False).put(key_for(N=64), "1", rec())
+    link = tmp_path / "home" / "tuning.json"
+    link.parent.mkdir()
+    link.symlink_to(shared)
+    TuningDB(link, shipped=False).put(key_for(N=128), "1", rec())
+    assert link.is_symlink() and len(TuningDB(shared, shipped=False).records()) == 2
+    assert (shared.parent / "tuning.json.lock").exists() and not (link.parent / "tuning.json.lock").exists()
+
+
+def test_a_held_lock_is_waited_for_and_said(path, capsys):
+    """A writer finding the lock held says so on stderr, waits, then writes."""
+    TuningDB(path, shipped=False).put(key_for(N=64), "1", rec())
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    threading.Timer(0.3, os.close, [fd]).start()         # closing releases it
+    TuningDB(path, shipped=False).put(key_for(N=128), "1", rec())
+    assert "another opgen process is writing the tuning DB" in capsys.readouterr().err
+    assert len(TuningDB(path, shipped=False).records()) == 2
+
+
+def test_the_bucket_labels_belong_to_the_format_version():
+    """Records under a label this opgen does not know are dropped as bad:
+    a change of codegen.buckets.LABELS must bump db_file.VERSION (then
+    update this pin)."""
+    assert (db_file.VERSION, LABELS) == (1, ("1", "2-4", "5-8", "9-16", "17-32", "33-64", "65-128",
+                                             "129-256", "257-512", "513-1024", ">1024"))
