@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from importlib import resources
@@ -159,6 +160,19 @@ def cache_dir() -> Path:
     return Path(root) / "cubin"
 
 
+_UNWRITABLE = set()          # cache directories already said to be unwritable
+
+
+def _cache_unwritable(directory: Path, e: OSError) -> None:
+    """Said once a directory: the cubin cache cannot be written there."""
+    if directory in _UNWRITABLE:
+        return
+    _UNWRITABLE.add(directory)
+    warnings.warn(f"opgen: the cubin cache {directory} cannot be written ({e.strerror or e}); kernels "
+                  f"compile again in each process (OPGEN_CACHE_DIR sets another place)",
+                  RuntimeWarning, stacklevel=3)
+
+
 def nvrtc_compile(source: str, name: str, arch: str) -> tuple[bytes, str]:
     """Compile one translation unit to a cubin; returns (cubin, log)."""
     nvrtc = _nvrtc()
@@ -256,12 +270,15 @@ def compile_kernel(spec: Spec, cfg: Optional[planner.Config], arch: str,
         # but not a correctness problem: keep the kernel, flag it in the log.
         log += "\nopgen: warning: local memory in use\n"
     if use_cache:
-        # The cubin last: its presence (with the others) marks a complete entry.
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(log_path, log)
-        write_atomic(src_path, source)
-        write_atomic(sum_path, _digest(cubin, source, log))
-        write_atomic(path, cubin)
+        try:
+            # The cubin last: its presence (with the others) marks a complete entry.
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(log_path, log)
+            write_atomic(src_path, source)
+            write_atomic(sum_path, _digest(cubin, source, log))
+            write_atomic(path, cubin)
+        except OSError as e:        # (the kernel is fine: it only compiles again next time)
+            _cache_unwritable(path.parent, e)
     return Compiled(cubin, name, source, log, plan, arch)
 
 

@@ -25,7 +25,7 @@ from .spec import (
 from .yaml_source import BAD, Ctx, PathT, Reader, is_int, show
 
 FORMAT_VERSION = 1
-NAME_PATTERN = "[a-z0-9_]+"
+NAME_PATTERN = "[a-z0-9_]{1,64}"    # (64: kernel and cache file names stay under 255 bytes)
 QUANT_OUT_DTYPES = ("int8", "float8_e4m3")          # out.dtype of op quantize
 QUANT_ACT_DTYPES = ("float16", "bfloat16")          # a.dtype of op quantize
 SCALE_GROUP_WORDS = ("channel", "tensor")

@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -89,6 +90,8 @@ def parse(text: str) -> State:
         data = json.loads(text)
     except ValueError as e:
         return State("corrupt", detail=f"not valid JSON ({e})")
+    except RecursionError:
+        return State("corrupt", detail="not valid JSON (nested deeper than Python's JSON reader goes)")
     if not isinstance(data, dict):
         # Some other JSON file that the path points at by mistake.
         return State("foreign", detail=f"the top level is a JSON {type(data).__name__}, "
@@ -118,7 +121,17 @@ def parse(text: str) -> State:
 
 def read_state(path: Path) -> Tuple[Optional[tuple], State]:
     """(signature, state) of the file now, read through one fd so that the
-    signature and the text belong to the same file even during a replace."""
+    signature and the text belong to the same file even during a replace.
+    Anything but a regular file (a device such as /dev/null or /dev/zero, a
+    FIFO) is foreign: never read (it may not end), never replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None, State("missing")
+    except OSError as e:
+        return None, State("unreadable", detail=e.strerror or str(e))
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):      # (a directory: unreadable, below)
+        return None, State("foreign", detail="not a regular file (a device, a FIFO or a socket)")
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
@@ -282,6 +295,10 @@ def update(path: Path, mutate, write_if=lambda result: True):
     file cannot be written raises TuningDBError. A symbolic link is
     followed: its target is locked and replaced, the link stays."""
     path = Path(os.path.realpath(path))
+    with contextlib.suppress(OSError):
+        if not stat.S_ISREG(os.stat(path).st_mode) and not path.is_dir():   # (no lock file beside it)
+            raise TuningDBError(f"refusing to write {path}: not a regular file (a device, a FIFO or "
+                                f"a socket); pass a file path (argument, --db or ${ENV_VAR})")
     try:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -414,6 +414,12 @@ class TuningDB:
                 "all": [self._user, *self._shipped_all()]}[source]
 
     # writes
+    def check_writable(self) -> None:
+        """TuningDBError now for a user file that a write would refuse (not
+        ours, unreadable, read-only, no folder for it): before hours of
+        tuning, not after its first pair. Takes the lock, writes nothing."""
+        db_file.update(self.path, lambda records: False, write_if=bool)
+
     def put(self, key: KeyLike, bucket: str, record: Record) -> None:
         self.put_many([(key, bucket, record)])
 

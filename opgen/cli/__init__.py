@@ -4,12 +4,13 @@ Adding a subcommand is a Command(name, help, configure(parser), run(args))
 in one of them (or a new module added to the table).  A command returns the
 exit status.  Errors: `SpecErrors` print one `FILE:LINE: field: message`
 line each to stderr; `UserError` prints `opgen: error: ...`; both exit 2
-without a traceback.
+without a traceback. Warnings print as one `opgen: warning: ...` line.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from typing import Dict, Optional, Sequence
 
 from .. import __version__
@@ -38,11 +39,21 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line, `opgen: warning: ...` (no source line: it is
+    meant for the user, not for the code's author)."""
+    text = str(message)
+    text = text[len("opgen: "):] if text.startswith("opgen: ") else text
+    print(f"opgen: warning: {text}", file=sys.stderr if file is None else file)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)          # usage errors: argparse exits 2
     try:
-        rc = args._run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            rc = args._run(args)
     except SpecErrors as e:
         sys.stdout.flush()
         for err in e.errors:

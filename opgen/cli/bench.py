@@ -13,6 +13,7 @@ from ..bench.plan import (BASELINE, DEFAULT_BUDGET_MS, DEFAULT_MEM_CAP_GB, DEFAU
                           DEFAULT_SHAPES, PEERS, QUICK_MS, QUICK_SHAPES, QUICK_SPECS)
 from ..codegen.errors import SpecErrors, UserError
 from ..model_shapes import shipped_models
+from ..runtime.device import has_gpu
 from .args import parse_ints, parse_names, parse_shapes, positive_int
 from .command import Command
 
@@ -142,8 +143,12 @@ def e2e_plan(args: argparse.Namespace) -> e2e.Plan:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if getattr(args, "e2e", False):
-        return e2e.main(e2e_plan(args), args.out, command_line(args), args.workers,
-                        plots=not args.no_plots)
+        plan = e2e_plan(args)
+        if not has_gpu():
+            # (e2e.main runs on a CPU too, for its tests' tiny models; an LLM's
+            # layers there run the numpy reference for hours, timing nothing useful)
+            raise UserError("opgen bench --e2e needs a CUDA GPU (no CUDA device through CuPy here)")
+        return e2e.main(plan, args.out, command_line(args), args.workers, plots=not args.no_plots)
     stray = _given(args, E2E_ONLY)
     if stray:
         raise UserError(f"{', '.join(stray)}: options of --e2e (add --e2e, or leave them out)")

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 from ..codegen import hw
 from ..codegen.build import build_spec
+from ..codegen.errors import UserError
 from ..codegen.resolve import as_spec
 from ..codegen.validate import specialize_shape
 from .args import positive_int
@@ -29,10 +31,25 @@ def _build_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    if args.out_dir == "":
+        raise UserError("--out: an empty path; give the output directory")
     spec = as_spec(args.spec)
     shape = specialize_shape(spec, M=args.M, N=args.N, K=args.K)
     out_dir = Path(args.out_dir) if args.out_dir else Path("build") / spec.name
-    result = build_spec(spec, out_dir, args.arch, M=shape.M, N=shape.N, K=shape.K)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out {out_dir}: cannot make the output directory ({e.strerror or e}"
+                        + (f": {e.filename}" if e.filename and str(e.filename) != str(out_dir) else "")
+                        + ")") from None
+    if not os.access(out_dir, os.W_OK):
+        raise UserError(f"--out {out_dir}: the output directory is not writable")
+    try:
+        result = build_spec(spec, out_dir, args.arch, M=shape.M, N=shape.N, K=shape.K)
+    except OSError as e:
+        if e.filename and str(e.filename).startswith(str(out_dir)):
+            raise UserError(f"--out {out_dir}: cannot write {e.filename} ({e.strerror or e})") from None
+        raise
     paths = _paths(result)
     for p in paths:
         print(p)

@@ -16,7 +16,7 @@ from ..runtime import tune_pool, tuner
 from ..runtime.device import NoGPUError
 from ..runtime.tune_ray import RayWorkers
 from ..runtime.timing import BUDGET_MS, RANK_BUDGET_MS
-from ..runtime.tuning_db import TuningDB, speedup
+from ..runtime.tuning_db import TuningDB, TuningDBError, speedup
 from .args import parse_ints, parse_names, parse_shapes, positive_float, positive_int
 from .command import Command
 from .table import format_table
@@ -135,6 +135,10 @@ def tune_groups(args) -> Tuple[List[Tuple[list, list]], List[str]]:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     groups, notes = tune_groups(args)
+    try:
+        TuningDB(args.db).check_writable()
+    except TuningDBError as e:
+        raise UserError(f"--db: {e}") from None
     if args.ray is not None and args.gpus is not None:
         raise UserError("--gpus is for local workers; with --ray, Ray places the tasks")
     for note in notes:

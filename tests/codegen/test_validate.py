@@ -90,7 +90,7 @@ def m_unknown_key(d, draw):
 
 BAD_VALUES = {
     ("opgen",): [2, "1", 0, True],
-    ("name",): ["Has Space", "UPPER", 5, "", "dash-name"],
+    ("name",): ["Has Space", "UPPER", 5, "", "dash-name", "a" * 65],
     ("op",): ["conv", 1, None],
     ("a", "dtype"): ["float64", "int4", 8],
     ("a", "scale"): ["col", 1],

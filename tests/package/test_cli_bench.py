@@ -78,3 +78,13 @@ def test_e2e_option_errors_are_one_line_exit_2(argv, msg, capsys, tmp_path):
     assert cli.main(["bench", "--out", str(tmp_path)] + argv) == 2
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
+
+
+def test_e2e_without_a_gpu_is_one_line_exit_2(capsys, monkeypatch, tmp_path):
+    """No CUDA device: refused before any model is built, nothing written."""
+    monkeypatch.setattr(cli_bench, "has_gpu", lambda: False)
+    monkeypatch.setattr(cli_bench.e2e, "main", lambda *a, **k: pytest.fail("ran"))
+    assert cli.main(["bench", "--e2e", "--out", str(tmp_path / "out"), "--layers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "opgen: error: opgen bench --e2e needs a CUDA GPU" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()

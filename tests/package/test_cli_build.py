@@ -101,3 +101,27 @@ def test_cli_build_passes_the_quantize_K(monkeypatch, tmp_path):
                         lambda spec, out, arch, M=None, N=None, K=None: calls.append(K) or [])
     assert main(["build", "quantize_int8_row", "-o", str(tmp_path), "--K", "4096"]) == 0
     assert calls == [4096]
+
+
+def test_cli_build_names_an_output_directory_it_cannot_use(capsys, monkeypatch, tmp_path):
+    """--out that is a file, under a file, or empty: one line naming --out,
+    exit 2, before any compile."""
+    monkeypatch.setattr("opgen.cli.build.build_spec", lambda *a, **k: pytest.fail("built"))
+    (tmp_path / "afile").write_text("x")
+    for out, why in ((tmp_path / "afile", "cannot make the output directory"),
+                     (tmp_path / "afile" / "sub", "cannot make the output directory"),
+                     ("", "an empty path")):
+        assert main(["build", "w8a8_int8", "-o", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("opgen: error: --out") and why in err[0], err
+
+
+def test_cli_build_with_an_unwritable_cache_warns_once_and_builds(capsys, monkeypatch, tmp_path):
+    """OPGEN_CACHE_DIR where no directory can be: the kernels still build;
+    one `opgen: warning:` line names the cache and the variable."""
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path / "afile"))
+    assert main(["build", "w4a16_sym_g128", "-o", str(tmp_path / "out"), "--M", "1"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("opgen: warning: the cubin cache") and "OPGEN_CACHE_DIR" in err[0]
+    assert (tmp_path / "out" / "plan.json").is_file()

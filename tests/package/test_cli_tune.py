@@ -186,6 +186,24 @@ def test_without_a_gpu_one_line(capsys, tmp_path):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("content", ["[1, 2]", None])
+def test_a_db_it_cannot_write_is_refused_before_tuning(content, capsys, monkeypatch, tmp_path):
+    """--db that a write would refuse (another JSON file; a path under a
+    file): one line naming --db, status 2, before any tuning, the file
+    untouched."""
+    monkeypatch.setattr(tuner, "tune_many", lambda *a, **k: pytest.fail("tuned"))
+    if content is None:
+        (tmp_path / "afile").write_text("x")
+        db = tmp_path / "afile" / "db.json"
+    else:
+        db = tmp_path / "db.json"
+        db.write_text(content)
+    rc = main(["tune", "bnb_nf4", "--shapes", "4096x4096", "--db", str(db), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("opgen: error: --db: ") and len(err.splitlines()) == 1, err
+    assert content is None or db.read_text() == content
+
+
 # --- several GPUs, Ray, resume -------------------------------------------------------
 
 def _record_pool(monkeypatch, device="Fake GPU"):

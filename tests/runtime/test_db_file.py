@@ -287,3 +287,25 @@ def test_the_bucket_labels_belong_to_the_format_version():
     update this pin)."""
     assert (db_file.VERSION, LABELS) == (1, ("1", "2-4", "5-8", "9-16", "17-32", "33-64", "65-128",
                                              "129-256", "257-512", "513-1024", ">1024"))
+
+
+def test_a_device_or_fifo_is_never_read_nor_replaced(tmp_path):
+    """A DB path that is no regular file (/dev/null to turn the DB off,
+    /dev/zero, a FIFO): read as empty with a warning, never read (it may
+    not end or block), and a write is refused before any lock file."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for p in (fifo, type(fifo)(os.devnull)):
+        sig, state = db_file.read_state(p)
+        assert state.kind == "foreign" and "not a regular file" in state.detail
+        with pytest.warns(RuntimeWarning, match="not a regular file"):
+            assert TuningDB(p, shipped=False).records() == []
+    with pytest.raises(TuningDBError, match="not a regular file"):
+        TuningDB(fifo, shipped=False).put(key_for(), "1", rec())
+    assert sorted(os.listdir(tmp_path)) == ["fifo"] and fifo.is_fifo()
+
+
+def test_json_nested_too_deep_is_corrupt_not_a_crash(path):
+    path.parent.mkdir(parents=True)
+    path.write_text("[" * 100000 + "]" * 100000)
+    assert db_file.read_state(path)[1].kind == "corrupt"
