@@ -377,8 +377,9 @@ def load_quantized(path: Union[str, Path], device=None, dtype: torch.dtype = tor
     if fuse:
         specs = {}
         for name in report.served:
-            ks = model.get_submodule(name).kernel_spec
-            specs.setdefault(ks.content_hash(), ks)
+            layer = model.get_submodule(name)
+            if isinstance(layer, QuantLinear):       # (not act-order's PermutedInput: never fused)
+                specs.setdefault(layer.kernel_spec.content_hash(), layer.kernel_spec)
         for ks in specs.values():
             try:
                 n_axes(ks)

@@ -275,6 +275,11 @@ def test_gptq_act_order_is_served_permuted(tmp_path):
     layer = model.get_submodule("model.layers.1.mlp.down_proj")
     assert isinstance(layer, hc.PermutedInput) and layer.perm.dtype == torch.int64
     assert sorted(layer.perm.tolist()) == list(range(256))
+    # fuse=True: permuted layers (each its own order of K) are not stacked, and the load works
+    fused, report = hc.load_quantized(tmp_path, dtype=torch.float32, fuse=True)
+    ids = torch.tensor([[3, 17, 5, 42]])
+    with torch.no_grad():
+        assert torch.equal(fused(ids).logits, model(ids).logits)
 
 
 def test_gptq_act_order_groups_of_unequal_size_run_in_float(tmp_path):
