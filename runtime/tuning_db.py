@@ -171,6 +171,8 @@ class DBKey:
             N, K = int(parts[4][1:]), int(parts[5][1:])
         except ValueError:
             raise ValueError(f"not a tuning DB key: {s!r}") from None
+        if N < 1 or K < 1:
+            raise ValueError(f"not a tuning DB key: {s!r} (N and K must be positive)")
         return cls(parts[0], parts[1], parts[2], parts[3], N, K)
 
 
@@ -245,9 +247,10 @@ def rendered_hash(key: DBKey, config: dict) -> Optional[str]:
 
 
 # record_status: the record can be served / cannot, and why (STALE: prune removes them).
-CURRENT, NO_SOURCE_HASH, SPEC_CHANGED, SOURCE_CHANGED, UNKNOWN_SPEC, NOT_A_KEY = (
-    "current", "no source hash", "spec changed", "source changed", "unknown spec", "not a key")
-STALE = frozenset({NO_SOURCE_HASH, SPEC_CHANGED, SOURCE_CHANGED})
+CURRENT, NO_SOURCE_HASH, SPEC_CHANGED, SOURCE_CHANGED, BAD_CONFIG, UNKNOWN_SPEC, NOT_A_KEY = (
+    "current", "no source hash", "spec changed", "source changed", "config does not render",
+    "unknown spec", "not a key")
+STALE = frozenset({NO_SOURCE_HASH, SPEC_CHANGED, SOURCE_CHANGED, BAD_CONFIG})
 
 
 def shipped_spec_hashes() -> Dict[str, str]:
@@ -271,7 +274,10 @@ def record_status(key: KeyLike, record: Record,
         return SPEC_CHANGED
     if definition_of(k) is None:
         return UNKNOWN_SPEC
-    return CURRENT if rendered_hash(k, record["config"]) == record["source_hash"] else SOURCE_CHANGED
+    now = rendered_hash(k, record["config"])
+    if now is None:                   # (a field missing or wrong, a config the planner refuses)
+        return BAD_CONFIG
+    return CURRENT if now == record["source_hash"] else SOURCE_CHANGED
 
 
 def stale(spec_hashes: Optional[Dict[str, str]] = None) -> Predicate:

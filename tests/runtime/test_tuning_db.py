@@ -106,7 +106,7 @@ def test_key_string_form():
     # The old form (opgen and NVRTC versions in it) still parses, for show and prune.
     old = f"w4a16_test|{SPEC.content_hash()}|sm_90|NVIDIA H200|0.1.0|nvrtc13.0|N1024|K2048"
     assert DBKey.parse(old) == k
-    for bad in ("not|a|key", "a|b|c|d|N1|Kx", "a|b|c|d|0.1|nvrtc1|N1"):
+    for bad in ("not|a|key", "a|b|c|d|N1|Kx", "a|b|c|d|0.1|nvrtc1|N1", "a|b|c|d|N0|K8", "a|b|c|d|N8|K-8"):
         with pytest.raises(ValueError):
             DBKey.parse(bad)
     assert "|" not in make_key(SPEC, 1, 1, arch="sm_90", device="odd|name").device
@@ -136,7 +136,7 @@ def test_a_record_is_served_only_while_its_config_renders_the_same(path, tmp_pat
     assert len(db.records()) == 5                               # listed, not served
     statuses = {e.bucket: tdb.record_status(key, e.record) for e in db.records()}
     assert statuses == {"1": tdb.CURRENT, "2-4": tdb.SOURCE_CHANGED, "5-8": tdb.NO_SOURCE_HASH,
-                        "9-16": tdb.SOURCE_CHANGED, "17-32": tdb.SOURCE_CHANGED}
+                        "9-16": tdb.BAD_CONFIG, "17-32": tdb.BAD_CONFIG}
 
     # A template change that alters the kernel retires the record.
     real = render.render
