@@ -85,11 +85,9 @@ class FusedOutput:
         self._local = threading.local()
 
     def part(self, i: int, x):
-        if torch.compiler.is_compiling():
-            s = self                              # (traced once: no thread state to keep apart)
-        else:
-            s = self._local
-        version = None if torch.compiler.is_compiling() or x.is_inference() else x._version
+        compiling = torch.compiler.is_compiling()
+        s = self if compiling else self._local     # (traced once: no thread state to keep apart)
+        version = None if compiling or x.is_inference() else x._version
         if getattr(s, "x", None) is not x or s.version != version or i in s.served:
             s.x, s.version, s.out, s.served = x, version, self.wide(x), set()
         s.served.add(i)

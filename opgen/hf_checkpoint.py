@@ -54,7 +54,7 @@ from .codegen.planner import PlanError, check_shape
 from .codegen.resolve import as_spec
 from .hf_formats import BITNET_SPECS, FORMATS, CheckpointError, Format, NotServed, Target
 from .model_shapes import read_json_object
-from .torch import QuantLinear, fuse_siblings, n_axes, to_numpy, to_torch
+from .torch import QuantLinear, fuse_siblings, stack_refusal, to_numpy, to_torch
 
 __all__ = ["load_quantized", "LoadReport", "CheckpointError", "PermutedInput"]
 
@@ -375,15 +375,10 @@ def load_quantized(path: Union[str, Path], device=None, dtype: torch.dtype = tor
     if device is not None:
         model.to(device)
     if fuse:
-        specs = {}
-        for name in report.served:
-            layer = model.get_submodule(name)
-            if isinstance(layer, QuantLinear):       # (not act-order's PermutedInput: never fused)
-                specs.setdefault(layer.kernel_spec.content_hash(), layer.kernel_spec)
-        for ks in specs.values():
-            try:
-                n_axes(ks)
-            except ValueError as e:       # (fuse_siblings leaves those layers as they are)
-                report.notes.append(f"{e}: its siblings stay separate layers")
+        # (fuse_siblings leaves the layers of such specs as they are; act-order's
+        # PermutedInput layers are no QuantLinears and never stacked)
+        refused = {stack_refusal(m.kernel_spec) for m in map(model.get_submodule, report.served)
+                   if isinstance(m, QuantLinear)}
+        report.notes += [f"{why}: its siblings stay separate layers" for why in sorted(refused - {None})]
         report.fused = fuse_siblings(model, list(report.served))
     return model.eval(), report

@@ -45,7 +45,7 @@ from .runtime.device import current_arch
 from .runtime.op import LAYOUTS, MatmulOp, QuantizeOp, quantize_spec
 from .runtime.progress import Progress
 
-__all__ = ["QuantLinear", "replace_linear", "ReplaceReport", "fuse_siblings", "n_axes", "quantized",
+__all__ = ["QuantLinear", "replace_linear", "ReplaceReport", "fuse_siblings", "stack_refusal", "n_axes", "quantized",
            "quantize_activation", "matmul", "quantize", "handle_for", "to_numpy", "to_array", "to_torch"]
 
 _FLOAT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -519,35 +519,38 @@ def n_axes(spec: Spec) -> Dict[str, int]:
     return out
 
 
+def stack_refusal(spec: Spec) -> Optional[str]:
+    """Why layers of spec cannot be stacked (n_axes' message: a tensor with
+    no n axis), or None."""
+    try:
+        n_axes(spec)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def stacked_parts(layers: Sequence["QuantLinear"]) -> list:
+    """The parts (opgen.fused_linear) of one layer stacking `layers`, in order."""
+    return fused_parts(QuantLinear.stacked(layers), [q.out_features for q in layers])
+
+
 def fuse_siblings(model: nn.Module, names: Optional[Iterable[str]] = None,
                   groups: Sequence[Sequence[str]] = FUSE_GROUPS) -> List[Tuple[str, ...]]:
     """Sibling QuantLinears of model that read the same input (`groups` of
     child names: q / k / v and gate / up by default; among `names`, default
     every QuantLinear) replaced in place by the parts of one stacked layer
     each (QuantLinear.stacked, opgen.fused_linear): one launch a group.
-    Layers whose spec has a tensor with no n axis (n_axes: a tensor scale)
-    stay as they are. Every stacked layer is made before any is installed.
+    Layers whose spec cannot stack (stack_refusal: a tensor scale) stay as
+    they are. Every stacked layer is made before any is installed.
     Returns the groups fused."""
     if names is None:
         names = [n for n, m in model.named_modules() if isinstance(m, QuantLinear)]
-    stacks: Dict[str, bool] = {}
-
-    def stackable(layer) -> bool:
-        key = layer.kernel_spec.content_hash()
-        if key not in stacks:
-            try:
-                stacks[key] = bool(n_axes(layer.kernel_spec))
-            except ValueError:
-                stacks[key] = False
-        return stacks[key]
-
-    names = [n for n in names
-             if isinstance(model.get_submodule(n), QuantLinear) and stackable(model.get_submodule(n))]
+    names = [n for n in names if isinstance(model.get_submodule(n), QuantLinear)
+             and stack_refusal(model.get_submodule(n).kernel_spec) is None]
     found = sibling_groups(model, names, groups)
     parts = {}
     for group in found:
-        layers = [model.get_submodule(n) for n in group]
-        parts.update(zip(group, fused_parts(QuantLinear.stacked(layers), [q.out_features for q in layers])))
+        parts.update(zip(group, stacked_parts([model.get_submodule(n) for n in group])))
     install(model, parts)
     return found
 

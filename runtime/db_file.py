@@ -119,19 +119,26 @@ def parse(text: str) -> State:
     return state
 
 
+NOT_REGULAR = "not a regular file (a device, a FIFO or a socket)"
+
+
+def _special(path: Path) -> bool:
+    """Whether path is there and neither a regular file nor a directory (a
+    directory reads as unreadable: open says why)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
 def read_state(path: Path) -> Tuple[Optional[tuple], State]:
     """(signature, state) of the file now, read through one fd so that the
     signature and the text belong to the same file even during a replace.
     Anything but a regular file (a device such as /dev/null or /dev/zero, a
     FIFO) is foreign: never read (it may not end), never replaced."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return None, State("missing")
-    except OSError as e:
-        return None, State("unreadable", detail=e.strerror or str(e))
-    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):      # (a directory: unreadable, below)
-        return None, State("foreign", detail="not a regular file (a device, a FIFO or a socket)")
+    if _special(path):
+        return None, State("foreign", detail=NOT_REGULAR)
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
@@ -295,10 +302,9 @@ def update(path: Path, mutate, write_if=lambda result: True):
     file cannot be written raises TuningDBError. A symbolic link is
     followed: its target is locked and replaced, the link stays."""
     path = Path(os.path.realpath(path))
-    with contextlib.suppress(OSError):
-        if not stat.S_ISREG(os.stat(path).st_mode) and not path.is_dir():   # (no lock file beside it)
-            raise TuningDBError(f"refusing to write {path}: not a regular file (a device, a FIFO or "
-                                f"a socket); pass a file path (argument, --db or ${ENV_VAR})")
+    if _special(path):                   # (before the lock: no lock file beside a device)
+        raise TuningDBError(f"refusing to write {path}: {NOT_REGULAR}; pass a file path "
+                            f"(argument, --db or ${ENV_VAR})")
     try:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

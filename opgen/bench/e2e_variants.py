@@ -149,11 +149,10 @@ class Opgen(Variant):
         mods, reals = super().layers(model, names)
         if not self.fuse:
             return mods, reals
-        from ..fused_linear import fused_parts, sibling_groups
-        from ..torch import QuantLinear
+        from ..fused_linear import sibling_groups
+        from ..torch import stacked_parts
         for g in sibling_groups(model, names):
-            layers = [mods[n] for n in g]
-            mods.update(zip(g, fused_parts(QuantLinear.stacked(layers), [q.out_features for q in layers])))
+            mods.update(zip(g, stacked_parts([mods[n] for n in g])))
         return mods, reals
 
     def unavailable(self, device):
