@@ -82,10 +82,11 @@ def allowed_values(vals) -> str:
 
 def _dotted(path: PathT) -> str:
     """A field path as messages print it; a key that is not printable text
-    (a newline, a control character) is quoted so that a message stays one line."""
+    (a newline, a control character) or that is blank or padded with spaces
+    is quoted, so that a message stays one line with a visible field."""
     def part(p):
         s = str(p)
-        return s if s.isprintable() else repr(s)
+        return s if s.isprintable() and s and s.strip() == s else repr(s)
     return ".".join(part(p) for p in path) if path else "spec"
 
 
