@@ -156,10 +156,14 @@ class Calibration:
     # (the tuner times every one, and keeps only those it verified).
     rs_verified: FrozenSet[str]
     # The kernels of 8-bit activations checked against the reference on this
-    # device, by kind: "gemv" (activations staged as fp16 values), "predecode"
-    # (sub-byte codes widened once into 8-bit ones). The heuristic picks no
-    # other (the tuner times every one, and keeps only those it verified).
+    # device, by kind: "predecode" (sub-byte codes widened once into 8-bit
+    # ones). The heuristic picks no other (the tuner times every one, and
+    # keeps only those it verified).
     a8_verified: FrozenSet[str] = frozenset()
+    # Up to which M the heuristic takes a GEMV (activations staged as fp16
+    # values) for 8-bit activations and sub-byte codes, checked against the
+    # reference and timed on this device; 0: none (the tuner's to time).
+    a8_gemv_max_m: int = 0
     # Whether the TMA GEMM's in-flight sums (Config.inflight_sums) were
     # checked against the reference and timed faster than the one-set
     # kernel on this device: until then the heuristic picks the one-set
@@ -295,9 +299,10 @@ H200 = Calibration(
     # NF4's blocks of 64 weight rows and <= 64 rows of M on grids under one
     # wave: four k-groups won all 13 such records (12 stages in 9, 8 in 4),
     # 1.10-1.17x over the two of 8 picked before where the H100 timed both;
-    # on wider grids two k-groups won (4 of 4).
-    # Source: docs/performance.md#heuristic
-    rs_deep_kgroups=frozenset({"table_cvt_scale/pairs/float16"}),
+    # on wider grids two k-groups won (4 of 4). MXFP4's pair-table kernel
+    # too (8192^2, M = 64: 34.3 vs 36.9 us, H200; its code-by-code kernel
+    # 39.7 either way). Source: docs/performance.md#heuristic
+    rs_deep_kgroups=frozenset({"table_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16"}),
     # At M = 1 on 1024-row layers (6-8 warps per SM unsplit) the whole-K GEMV
     # beat the split-in-two one by 1.49-1.56x (4 records: H200 and H100).
     # Source: docs/performance.md#heuristic
@@ -307,6 +312,21 @@ H200 = Calibration(
     # M = 1 all without it (7 shapes).
     # Source: docs/performance.md#gemv
     gemv_no_prefetch=frozenset({"table"}),
+    # 8192^2 (H200): at M = 1 the row GEMV beat the best GEMM by 1.16x
+    # (w4a8_int8 16.7 vs 19.3 us) and 1.07x (bitnet_b158_a8 15.3 vs 16.4);
+    # at M = 4 the GEMMs won 2 of 2 against the row GEMV (1.29-1.44x) and 1
+    # of 2 against the tensor-core one; at 8 and 16 all.
+    # Source: docs/performance.md#widened-codes-8-bit-activations
+    a8_gemv_max_m=1,
+    # fp8 W8A8 (H200, 8192^2, M = 4096): 471 vs 530 us (1.12x); H100 1.07x
+    # and 1.16x at M = 1024 and 4096; bit for bit the one-set kernel's output.
+    # Source: docs/performance.md#tma-gemm
+    inflight_sums_verified=True,
+    # H200, 8192^2: NF4's pair tables 1.29x, 1.23x, 1.09x at M = 16, 64,
+    # 256; MXFP4's 1.02x, 1.16x, and 0.97x at 256 (its pick there is the
+    # pair table all the same: the tile decides first). Bit for bit the
+    # code-by-code kernel's output. Source: docs/performance.md#rs-gemm
+    rs_pair_tables=frozenset({"table_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16"}),
 )
 CALIBRATION = {"H200": H200}
 

@@ -115,6 +115,11 @@ class FusedPart(nn.Module):
     def forward(self, x):
         return self.shared.part(self.index, x)
 
+    def dequantized(self):
+        """This part's rows of the wide layer's real weight (its dequantized())."""
+        lo, hi = self.shared.bounds[self.index]
+        return self.shared.wide.dequantized()[lo:hi]
+
     def extra_repr(self) -> str:
         lo, hi = self.shared.bounds[self.index]
         return f"part {self.index} of {len(self.shared.bounds)}: columns {lo}:{hi}"

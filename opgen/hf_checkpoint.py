@@ -293,14 +293,15 @@ def _experts(fmt: Format, model: nn.Module, files: _Files, report: LoadReport, d
 
 
 def load_quantized(path: Union[str, Path], device=None, dtype: torch.dtype = torch.float16,
-                   bitnet_activations: str = "int8", fuse: bool = False,
+                   bitnet_activations: str = "int8", fuse: bool = True,
                    pdl: bool = False) -> Tuple[nn.Module, LoadReport]:
     """(model, report) of a quantized checkpoint directory (see the module's
     doc): the model in eval mode on `device` (default CPU, where QuantLinear
     runs the numpy reference), float tensors in `dtype`. bitnet_activations:
     "int8" (BitNet's own recipe) or "float" (hf_formats.BITNET_SPECS). fuse:
     the served siblings that read the same input (q / k / v, gate / up) as
-    one stacked layer each (opgen.torch.fuse_siblings; the report's `fused`).
+    one stacked layer each (opgen.torch.fuse_siblings; the report's `fused`;
+    decode measured faster: docs/performance.md#whole-model-decode).
     pdl: the served layers' kernels launched for programmatic dependent
     launch (QuantLinear's; sm_90)."""
     if bitnet_activations not in BITNET_SPECS:

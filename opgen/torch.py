@@ -561,7 +561,7 @@ PROGRESS_AFTER_S = 1.0
 
 def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str] = (),
                    quantize: bool = True, progress: bool = True, pdl: bool = False,
-                   fuse: Union[bool, Sequence[Sequence[str]]] = False) -> ReplaceReport:
+                   fuse: Union[bool, Sequence[Sequence[str]], None] = None) -> ReplaceReport:
     """Swap every nn.Linear of `model` (in place) for a QuantLinear of `spec`.
 
     Layers whose shapes the spec's alignment rules refuse (N % 8, K % 32,
@@ -575,7 +575,8 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
     (True: FUSE_GROUPS, q / k / v and gate / up; or groups of child names)
     then run as one stacked layer each (fuse_siblings; with quantize only,
     and a spec whose every tensor has an n axis: n_axes), listed in the
-    report's `fused`."""
+    report's `fused`; None (the default): FUSE_GROUPS wherever that can be
+    (decode measured faster: docs/performance.md#whole-model-decode)."""
     spec = as_spec(spec)
     skip = list(skip)
     report = ReplaceReport()
@@ -583,6 +584,8 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
     if any(name == "" for name, _ in linears):
         raise ValueError("replace_linear swaps submodules; for a bare nn.Linear use "
                          "QuantLinear.from_linear")
+    if fuse is None:
+        fuse = quantize and stack_refusal(execution_spec(spec, _layout_arch())) is None
     if fuse and not quantize:
         raise ValueError("fuse: with quantize=False the layers are filled by a state dict of "
                          "separate layers, which fused ones do not take")

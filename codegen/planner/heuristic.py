@@ -7,7 +7,7 @@ from typing import FrozenSet, List, Optional, Tuple
 
 from .. import hw
 from ..lower import numerics, vector, weight_layout
-from ..spec import A8_DTYPES, Spec
+from ..spec import A8_DTYPES, Spec, weight_code
 from .config import Config, PlanError
 from .gemv import gemv_run
 from .registry import blocks
@@ -22,13 +22,19 @@ def rs_pickable(spec: Spec, arch: str) -> bool:
     return kernel_class(spec, arch) in hw.calibration(arch).rs_verified
 
 
-def a8_pickable(spec: Spec, cfg: Config, arch: str) -> bool:
-    """Whether the heuristic may pick cfg for its activations: a GEMV or a
-    predecode config of 8-bit activations only once that kind has been
-    checked on the device (hw.Calibration.a8_verified); until then the
-    tuner's to time."""
-    kind = "gemv" if cfg.family == "gemv" else "predecode" if cfg.predecode else None
-    return kind is None or spec.a.dtype not in A8_DTYPES or kind in hw.calibration(arch).a8_verified
+def a8_pickable(spec: Spec, cfg: Config, arch: str, M: int) -> bool:
+    """Whether the heuristic may pick cfg at M for its activations: for
+    8-bit activations a GEMV only of sub-byte codes up to
+    hw.Calibration.a8_gemv_max_m (of 8-bit codes no faster than the GEMM at
+    M = 1: docs/performance.md#widened-codes-8-bit-activations), a predecode
+    config only once checked on the device (hw.Calibration.a8_verified); the
+    others are the tuner's to time."""
+    if spec.a.dtype not in A8_DTYPES:
+        return True
+    cal = hw.calibration(arch)
+    if cfg.family == "gemv":
+        return weight_code(spec.b).bits < 8 and M <= cal.a8_gemv_max_m
+    return not cfg.predecode or "predecode" in cal.a8_verified
 
 
 def predecode_from(spec: Spec, cands: List[Config], arch: str) -> int:
@@ -78,14 +84,15 @@ def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, deep: bool)
     widest tile, the pair table (a candidate only where
     hw.Calibration.rs_pair_tables has it: its 32 KiB may shorten the
     ring), and the depth, k-groups and ring the tuned winners had
-    with it: 64-deep k-tiles at 256 rows (their registers); 128 weight rows
+    with it: 64-deep k-tiles at 256 rows (their registers) and with pair
+    tables (their sweeps' winners at M = 16-256); 128 weight rows
     in one k-group of 4 stages from 128 rows, else two of 8 (12 at 16
     rows); 64 weight rows in two k-groups (four at 16 rows) of 8 stages
     (6 from 128 rows, 12 at 16); with `deep` (the decodings of
     hw.Calibration.rs_deep_kgroups on a grid under one wave) four k-groups
     of 12 stages up to 64 rows: docs/performance.md#heuristic."""
     blocks = -(-N // c.BN) * -(-M // c.BM)
-    bk = 64 if c.BM == 256 else 128
+    bk = 64 if c.BM == 256 or c.pair_table else 128
     if c.BN == 128:
         kgroups, stages = (1, 4) if c.BM >= 128 else (2, 12 if c.BM == 16 else 8)
     elif c.BM == 16 or (deep and c.BM <= 64 and blocks < sms):
@@ -142,7 +149,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     cal = hw.calibration(arch)
     kind = kernel_class(spec, arch)
     cands = [c for c in candidates(spec, arch, M, N, K, sms)
-             if c not in exclude and (pick_rs or not c.rs) and a8_pickable(spec, c, arch)
+             if c not in exclude and (pick_rs or not c.rs) and a8_pickable(spec, c, arch, M)
              and (cal.inflight_sums_verified or not c.inflight_sums)
              and (kind in cal.rs_pair_tables or not c.pair_table)]
     if not cands:

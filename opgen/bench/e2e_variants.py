@@ -42,9 +42,9 @@ from . import gemlite_peer
 # The peers' codes: opgen's quantizer into this shipped 4-bit asymmetric
 # group-128 spec (so they take the codes opgen's AWQ variant runs).
 PEER_SPEC = "awq_w4a16_g128"
-DEFAULT_VARIANTS = ("fp16", "no_linear", "opgen:w4a16_sym_g128", "opgen:w4a16_sym_g128+fuse+pdl",
-                    "opgen:awq_w4a16_g128", "opgen:bnb_nf4", "opgen:mxfp4", "opgen:w8a8_int8", "torch_int4",
-                    "gemlite_w4")
+DEFAULT_VARIANTS = ("fp16", "no_linear", "opgen:w4a16_sym_g128", "opgen:w4a16_sym_g128+fuse",
+                    "opgen:awq_w4a16_g128+fuse", "opgen:bnb_nf4+fuse", "opgen:mxfp4+fuse",
+                    "opgen:w8a8_int8+fuse", "torch_int4", "gemlite_w4")
 PEERS = ("torch_int4", "gemlite_w4")
 # opgen:SPEC+OPTION...: fuse (sibling layers as one), pdl (programmatic
 # dependent launch); a variant's name lists its options in this order

@@ -20,7 +20,7 @@ def rows():
     for b, fp16 in ((1, 9.0), (16, 10.0), (64, 15.0)):
         out.append(row("fp16", b, fp16, speedup=1.0))
         out.append(row(W4, b, fp16 / 3.0, speedup=3.0, rel_err=1e-3, rel_err_fp32=1e-3))
-        out.append(row("opgen:bnb_nf4", b, fp16 / 3.0 * 1.2, rel_err=3e-3, rel_err_fp32=1e-3))
+        out.append(row(rep.shipped("bnb_nf4"), b, fp16 / 3.0 * 1.2, rel_err=3e-3, rel_err_fp32=1e-3))
         out.append(row("torch_int4", b, fp16 / 2.0))
         out.append(row("gemlite_w4", b, None, tokens_per_s=None, error="skipped: not installed"))
     return out
@@ -63,7 +63,7 @@ def results():
 def test_markdown_has_both_tables():
     md = rep.markdown(results())
     assert md.startswith("# opgen bench --e2e: GPU")
-    assert "| opgen:w4a16_sym_g128 | 16 |" in md and "skipped: not installed" in md
+    assert f"| {W4} | 16 |" in md and "skipped: not installed" in md
     assert "## Targets" in md and "CUDA graph" in md
 
 
@@ -90,7 +90,7 @@ def test_speed_table_by_variant_and_batch():
     t = rep.speed_table(rows()).splitlines()
     assert t[0] == ("| variant | batch 1: tokens/s (x fp16) | batch 16: tokens/s (x fp16) "
                     "| batch 64: tokens/s (x fp16) |")
-    assert t[3].startswith("| opgen:w4a16_sym_g128 | 333 (3.00x) | 4800 (3.00x) |")
+    assert t[3].startswith(f"| {W4} | 333 (3.00x) | 4800 (3.00x) |")
     assert t[-1] == "| gemlite_w4 | skipped | skipped | skipped |"
     broken = [dict(r, error="boom", tokens_per_s=None) if r["variant"] == W4 else r for r in rows()]
-    assert "| opgen:w4a16_sym_g128 | err | err | err |" in rep.speed_table(broken)
+    assert f"| {W4} | err | err | err |" in rep.speed_table(broken)

@@ -2,6 +2,8 @@
 layer against the real weight it reports (the reference model is built from
 those), the peers' round-to-nearest quantizer, the activations as each
 variant's kernels take them, and the reference layer."""
+import inspect
+
 import numpy as np
 import pytest
 
@@ -10,9 +12,13 @@ from torch import nn  # noqa: E402
 
 from opgen.bench import e2e_variants as ev  # noqa: E402
 from opgen.bench.e2e import check_layer  # noqa: E402
+from opgen.bench.e2e_report import shipped  # noqa: E402
+from opgen.hf_checkpoint import load_quantized  # noqa: E402
 from opgen.codegen import reference as R  # noqa: E402
 from opgen.codegen.resolve import as_spec  # noqa: E402
-from opgen.torch import quantize_activation, quantized, to_numpy  # noqa: E402
+from opgen.torch import quantize_activation, quantized, replace_linear, to_numpy  # noqa: E402
+
+W4A16_PLAIN = "opgen:w4a16_sym_g128"    # (the default variants' one with separate siblings)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA build of torch")
 
@@ -21,6 +27,16 @@ def linear(N=64, K=256, device="cpu", seed=0):
     torch.manual_seed(seed)
     lin = nn.Linear(K, N, bias=False).to(device).half()
     return lin
+
+
+def test_the_targets_read_the_loaders_default():
+    """The e2e targets read each spec's variant as opgen's loaders run it
+    by default: siblings stacked (load_quantized's fuse, replace_linear's
+    wherever the spec stacks)."""
+    assert inspect.signature(load_quantized).parameters["fuse"].default is True
+    assert inspect.signature(replace_linear).parameters["fuse"].default is None
+    assert ev.variant(shipped("w4a16_sym_g128")).fuse
+    assert all(ev.variant(v).fuse for v in ev.DEFAULT_VARIANTS if v.startswith("opgen:") and v != W4A16_PLAIN)
 
 
 def test_variant_names():

@@ -93,6 +93,18 @@ def test_parts_share_one_computation_an_input():
     assert "part 1 of 3: columns 16:24" in repr(parts[1])
 
 
+def test_a_part_dequantized_is_its_rows_of_the_wide_layer():
+    """FusedPart.dequantized: the rows of the wide layer's real weight its
+    output columns come from."""
+    class Wide(Counting):
+        def dequantized(self):
+            return self.lin.weight.detach()
+    wide = Wide()
+    parts = fl.fused_parts(wide, [16, 8, 16])
+    for p, (lo, hi) in zip(parts, [(0, 16), (16, 24), (24, 40)]):
+        assert torch.equal(p.dequantized(), wide.lin.weight[lo:hi])
+
+
 def test_compile_traces_one_wide_call():
     """torch.compile (Dynamo + AOTAutograd, fullgraph) keeps one call of the
     wide layer for its parts, and their outputs."""

@@ -28,6 +28,7 @@ from torch import nn  # noqa: E402
 
 import opgen.torch as ot  # noqa: E402
 from opgen import hf_checkpoint as hc  # noqa: E402
+from opgen.fused_linear import FusedPart  # noqa: E402
 from opgen.codegen import reference as R  # noqa: E402
 
 PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -131,6 +132,9 @@ def served_weight(mod: nn.Module) -> np.ndarray:
         w = np.empty((mod.out_features, mod.in_features), np.float32)
         w[:, mod.perm.numpy()] = served_weight(mod.layer)
         return w
+    if isinstance(mod, FusedPart):          # (its rows of the stacked layer)
+        lo, hi = mod.shared.bounds[mod.index]
+        return served_weight(mod.shared.wide)[lo:hi]
     if isinstance(mod, ot.QuantLinear):
         t = {k: ot.to_numpy(getattr(mod, k)) for k in ("qweight", "scales", "zeros")
              if getattr(mod, k) is not None}
@@ -237,7 +241,7 @@ def test_gptq(tmp_path, fmt, group):
         assert specs == {"gptq_v2_w4a16_g32"}                      # a user spec of that group
     else:                                                          # per channel: one group of K
         assert specs == {"gptq_v2_w4a16_g128", "gptq_v2_w4a16_g256"}   # K = 128 and 256
-    q = model.get_submodule("model.layers.0.mlp.up_proj")
+    q = model.get_submodule("model.layers.0.self_attn.o_proj")      # (no sibling: not stacked)
     assert isinstance(q, ot.QuantLinear) and q.spec.b.scale.group == (128 if group == -1 else group)
     text = str(report)
     assert text.splitlines()[1].startswith("14 layer(s) run on opgen")
@@ -245,14 +249,17 @@ def test_gptq(tmp_path, fmt, group):
 
 
 def test_fuse_stacks_the_served_siblings(tmp_path):
-    """fuse=True: each decoder layer's q / k / v and gate / up run as one
-    stacked layer (the report says so); the logits are the unfused model's.
-    pdl=True reaches every served layer, stacked ones too."""
+    """By default (fuse=True) each decoder layer's q / k / v and gate / up
+    run as one stacked layer (the report says so); the logits are the
+    unfused model's (fuse=False). pdl=True reaches every served layer,
+    stacked ones too."""
     config = llama_config()
     quantized_checkpoint(tmp_path, config, gptq_config(32, fmt="gptq_v2"),
                          lambda w, name: gptq_layer(w, 32, v1=False))
-    plain, _ = hc.load_quantized(tmp_path, dtype=torch.float32)
-    fused, report = hc.load_quantized(tmp_path, dtype=torch.float32, fuse=True, pdl=True)
+    plain, plain_report = hc.load_quantized(tmp_path, dtype=torch.float32, fuse=False)
+    assert not plain_report.fused
+    assert isinstance(plain.get_submodule("model.layers.0.self_attn.q_proj"), ot.QuantLinear)
+    fused, report = hc.load_quantized(tmp_path, dtype=torch.float32, pdl=True)
     attn = "model.layers.{}.self_attn.{}_proj"
     assert report.fused[:2] == [tuple(attn.format(0, p) for p in "qkv"),
                                 ("model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj")]
@@ -343,7 +350,7 @@ def test_bfloat16_model(tmp_path):
                                lambda w, name: gptq_layer(w, 128, v1=False))
     model, report = check_load(tmp_path, config, lib, dtype=torch.bfloat16, tol=6e-2)
     assert set(report.served.values()) == {"gptq_v2_w4a16_g128_bf16"}
-    layer = model.get_submodule("model.layers.0.mlp.up_proj")
+    layer = model.get_submodule("model.layers.0.mlp.down_proj")
     assert layer.spec.a.dtype == "bfloat16" and model.lm_head.weight.dtype == torch.bfloat16
 
 

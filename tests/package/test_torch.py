@@ -111,7 +111,7 @@ def test_replace_linear_fuses_siblings(spec):
     rows apart), so the model computes what the unfused one does."""
     plain, fused = Block(), Block()
     fused.load_state_dict(plain.state_dict())
-    ot.replace_linear(plain, spec)
+    ot.replace_linear(plain, spec, fuse=False)
     report = ot.replace_linear(fused, spec, fuse=True)
     assert report.fused == [("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")]
     assert sorted(report.replaced) == sorted(n for n, m in Block().named_modules() if isinstance(m, nn.Linear))
@@ -123,6 +123,17 @@ def test_replace_linear_fuses_siblings(spec):
     x = torch.randn(5, 256)
     with torch.no_grad():
         assert rel_err(fused(x), plain(x)) <= 1e-6
+
+
+def test_replace_linear_fuses_by_default_where_it_can():
+    """fuse=None (the default): the siblings stacked for a spec that stacks
+    when quantizing; storage to be filled from a state dict (quantize=False)
+    keeps separate layers, as a tensor-scale spec does (no error)."""
+    assert ot.replace_linear(Block(), "w4a16_sym_g128").fused == [("q_proj", "k_proj", "v_proj"),
+                                                                   ("gate_proj", "up_proj")]
+    assert ot.replace_linear(Block(), "w4a16_sym_g128", quantize=False).fused == []
+    b = Block()
+    assert ot.replace_linear(b, "bitnet_b158").fused == [] and isinstance(b.q_proj, ot.QuantLinear)
 
 
 def test_fuse_refuses_what_it_cannot_keep():
@@ -145,7 +156,7 @@ def test_fuse_siblings_of_a_loaded_model():
     along their second axis): the stacked layers hold exactly their rows,
     and siblings of two specs are not a group."""
     plain = Block()
-    ot.replace_linear(plain, "gptq_v2_w4a16_g128")
+    ot.replace_linear(plain, "gptq_v2_w4a16_g128", fuse=False)
     fused = copy.deepcopy(plain)
     assert ot.fuse_siblings(fused) == [("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")]
     assert ot.n_axes(plain.q_proj.kernel_spec) == {"qweight": 0, "scales": 1, "zeros": 1}
@@ -157,7 +168,7 @@ def test_fuse_siblings_of_a_loaded_model():
     with torch.no_grad():
         assert torch.equal(fused(x), plain(x))
     mixed = Block()
-    ot.replace_linear(mixed, "w4a16_sym_g128", skip=["*v_proj"])
+    ot.replace_linear(mixed, "w4a16_sym_g128", skip=["*v_proj"], fuse=False)
     mixed.v_proj = ot.QuantLinear.from_linear("bnb_nf4", Block().v_proj)
     assert ot.fuse_siblings(copy.deepcopy(mixed)) == [("gate_proj", "up_proj")]
     # nor siblings launched two ways
@@ -165,7 +176,7 @@ def test_fuse_siblings_of_a_loaded_model():
     assert ot.fuse_siblings(mixed) == []
     # nor layers of a spec with a tensor scale (one for the stacked weights): they stay as they are
     ternary = Block()
-    ot.replace_linear(ternary, "bitnet_b158")
+    assert ot.replace_linear(ternary, "bitnet_b158").fused == []        # (the default: fuse where it can)
     assert ot.fuse_siblings(ternary) == [] and isinstance(ternary.q_proj, ot.QuantLinear)
 
 
@@ -614,7 +625,7 @@ def test_gpu_pdl_layers_in_a_torch_graph_equal_plain_ones(spec):
         pytest.skip(f"no programmatic dependent launch on {current_arch()}")
     plain, pdl = tiny_mlp().cuda().half(), tiny_mlp().cuda().half()
     pdl.load_state_dict(plain.state_dict())
-    ot.replace_linear(plain, spec)
+    ot.replace_linear(plain, spec, fuse=False)
     ot.replace_linear(pdl, spec, pdl=True)
     for M in (1, 16):
         check_graph_replay(pdl, M, eager=plain)
@@ -673,7 +684,8 @@ class _Llama3_8BLayer(nn.Module):
 def test_gpu_replace_linear_quantizes_a_llama3_8b_shaped_model_in_under_15_s(spec, record):
     """replace_linear on a 32-layer Llama-3-8B-shaped model on the H200:
     under 15 s (issue target; CuPy's kernels compiled first, on a small
-    model), and a layer of each shape holds the bytes the CPU gives it."""
+    model; siblings stacked, as by default): a layer of each shape holds the
+    bytes the CPU gives it, a stacked part the CPU layer's real weight."""
     ot.replace_linear(tiny_mlp().cuda().half(), spec, progress=False)        # compile CuPy's kernels
     torch.manual_seed(0)
     model = nn.ModuleList([_Llama3_8BLayer() for _ in range(32)])
@@ -685,9 +697,13 @@ def test_gpu_replace_linear_quantizes_a_llama3_8b_shaped_model_in_under_15_s(spe
     seconds = time.perf_counter() - t0
     record(test="replace_linear_llama3_8b_gpu", spec=spec, seconds=seconds, layers=len(report.replaced))
     assert len(report.replaced) == 32 * 7 and not report.skipped
+    assert len(report.fused) == 32 * 2
     for name, lin in first.items():
         want = ot.QuantLinear.from_linear(spec, lin)
         got = model[0].get_submodule(name)
+        if not isinstance(got, ot.QuantLinear):       # a stacked part
+            assert torch.equal(got.dequantized().cpu(), want.dequantized()), name
+            continue
         for k in ("qweight", "scales", "zeros"):
             if getattr(want, k) is not None:
                 assert torch.equal(getattr(got, k).cpu(), getattr(want, k)), (name, k)

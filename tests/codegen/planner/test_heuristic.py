@@ -165,44 +165,53 @@ def test_excluded_configs_are_never_picked():
         planner.heuristic(s, "sm_90", 1, 4096, 4096, exclude=every)
 
 
-def test_8_bit_activation_gemvs_wait_for_the_device(monkeypatch):
-    """The GEMVs of 8-bit activations are candidates (the tuner times and
-    verifies them) but the heuristic picks one only once they have been
-    checked on the device (hw.Calibration.a8_verified)."""
-    s = planner.execution_spec(load_spec(shipped_specs()["w4a8_int8_g128"]), "sm_90")
-    assert any(c.family == "gemv" for c in planner.candidates(s, "sm_90", 1, 8192, 8192))
-    assert planner.heuristic(s, "sm_90", 1, 8192, 8192).family == "gemm"
-    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, a8_verified=frozenset({"gemv"})))
-    assert planner.heuristic(s, "sm_90", 1, 8192, 8192).family == "gemv"
-    assert planner.heuristic(s, "sm_90", 16, 8192, 8192).tc
+def test_8_bit_activation_gemvs_only_where_they_won(monkeypatch):
+    """The GEMVs of 8-bit activations are candidates at every M (the tuner
+    times and verifies them); the heuristic takes one of sub-byte codes up
+    to hw.Calibration.a8_gemv_max_m (on the H200 the row GEMV at M = 1: the
+    GEMMs won from M = 4), none while that is 0."""
+    for name in ("w4a8_int8_g128", "w4a8_int8", "bitnet_b158_a8"):
+        s = planner.execution_spec(load_spec(shipped_specs()[name]), "sm_90")
+        for M in (1, 4, 16):
+            assert any(c.family == "gemv" for c in planner.candidates(s, "sm_90", M, 8192, 8192))
+        pick = planner.heuristic(s, "sm_90", 1, 8192, 8192)
+        assert pick.family == "gemv" and not pick.tc, (name, pick.name)
+        assert all(planner.heuristic(s, "sm_90", M, 8192, 8192).family == "gemm" for M in (2, 4, 16))
+        monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, a8_gemv_max_m=0))
+        assert planner.heuristic(s, "sm_90", 1, 8192, 8192).family == "gemm"
+        monkeypatch.undo()
+    # 8-bit codes: the GEMM (their GEMV was no faster at M = 1)
+    w8a8 = spec("w8a8_int8")
+    assert any(c.family == "gemv" for c in planner.candidates(w8a8, "sm_90", 1, 8192, 8192))
+    assert planner.heuristic(w8a8, "sm_90", 1, 8192, 8192).family == "gemm"
 
 
-def test_inflight_sums_wait_for_the_device(monkeypatch):
-    """fp8's in-flight sums kernels are candidates (the tuner times and
-    verifies them) but the heuristic picks one only once they have been
-    checked and timed on the device (hw.Calibration.inflight_sums_verified)."""
+def test_inflight_sums_where_verified(monkeypatch):
+    """fp8's in-flight sums kernels: the heuristic's picks once they have
+    been checked and timed on the device (hw.Calibration.inflight_sums_verified:
+    on the H200), else the one-set kernels, at the same tile."""
     s = spec("fp8_e4m3_w8a8")
-    for M in (64, 1024, 4096):
+    picks = {M: planner.heuristic(s, "sm_90", M, 8192, 8192) for M in (64, 1024, 4096)}
+    assert any(c.inflight_sums for c in picks.values())
+    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, inflight_sums_verified=False))
+    for M, c in picks.items():
         assert any(c.inflight_sums for c in planner.candidates(s, "sm_90", M, 8192, 8192))
-        assert not planner.heuristic(s, "sm_90", M, 8192, 8192).inflight_sums
-    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, inflight_sums_verified=True))
-    picks = {planner.heuristic(s, "sm_90", M, 8192, 8192) for M in (64, 1024, 4096)}
-    assert any(c.inflight_sums for c in picks)
+        plain = planner.heuristic(s, "sm_90", M, 8192, 8192)
+        assert not plain.inflight_sums and (plain.BM, plain.BN) == (c.BM, c.BN), (M, plain.name)
 
 
-def test_pair_tables_wait_for_the_device(monkeypatch):
-    """NF4's and MXFP4's pair-table rs GEMMs are candidates (the tuner times
-    and verifies them) but the heuristic picks one only for a decoding
-    listed in hw.Calibration.rs_pair_tables (checked and timed faster on
-    the device); then the same tile as before, with the table."""
+def test_pair_tables_where_verified(monkeypatch):
+    """NF4's and MXFP4's pair-table rs GEMMs: the heuristic takes one for
+    a decoding listed in hw.Calibration.rs_pair_tables (checked and timed
+    faster on the device: both, on the H200) at the tile it picks without
+    them; not listed, the code-by-code kernel (the tuner times both)."""
     for name in ("bnb_nf4", "mxfp4"):
         s = spec(name)
-        before = {M: planner.heuristic(s, "sm_90", M, 8192, 8192) for M in (32, 64, 256)}
-        assert all(c.rs and not c.pair_table for c in before.values())
-        assert all(any(c.pair_table for c in planner.candidates(s, "sm_90", M, 8192, 8192)) for M in before)
-        kind = planner.rs.kernel_class(s, "sm_90")
-        monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, rs_pair_tables=frozenset({kind})))
-        for M, c in before.items():
-            pick = planner.heuristic(s, "sm_90", M, 8192, 8192)
-            assert pick.pair_table and (pick.BM, pick.BN) == (c.BM, c.BN), (name, M, pick.name)
+        picks = {M: planner.heuristic(s, "sm_90", M, 8192, 8192) for M in (16, 32, 64, 256)}
+        assert all(c.rs and c.pair_table for c in picks.values()), name
+        monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, rs_pair_tables=frozenset()))
+        for M, c in picks.items():
+            assert any(c.pair_table for c in planner.candidates(s, "sm_90", M, 8192, 8192))
+            plain = planner.heuristic(s, "sm_90", M, 8192, 8192)
+            assert not plain.pair_table and (plain.BM, plain.BN) == (c.BM, c.BN), (name, M, plain.name)
         monkeypatch.undo()
