@@ -274,11 +274,13 @@ H200 = Calibration(
     # Source: docs/performance.md#heuristic
     # On an H100 at 8192^2, M = 16, NF4's, MXFP4's, fp8 weights' and
     # 1-bit's rs GEMM (12-stage rings, four k-groups) took 36.0, 31.8, 30.7
-    # and 27.5 us against their tensor-core GEMV's 40.3, 49.8, 60.1 and 36.7.
-    # Source: docs/performance.md#heuristic
+    # and 27.5 us against their tensor-core GEMV's 40.3, 49.8, 60.1 and 36.7;
+    # on the H200 2-bit's and ternary's 25.7 and 25.1 against the tuned
+    # GEMVs' 27.4 and 27.1. Source: docs/performance.md#heuristic
     rs_from_m9=frozenset({"magic/halves/float16", "magic_int_zero/halves/float16",
                           "table_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16",
-                          "e4m3_cvt_scale/pairs/float16", "magic_float_zero_minus_z/pairs/float16"}),
+                          "e4m3_cvt_scale/pairs/float16", "magic_float_zero_minus_z/pairs/float16",
+                          "magic/pairs/float16", "magic_cvt_scale/pairs/float16"}),
     # They won at N = 5120 too (0.61 x the SMs: Qwen2.5-14B, tuned on an
     # H100) by 1.25x and 1.58x; at N = 4096 and 1024 (0.48 x and below) the
     # GEMV won 2 of 3 (the rule misses the third by 1.09x).
