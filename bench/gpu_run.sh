@@ -22,7 +22,8 @@
 #   bash bench/gpu_run.sh models [MODEL...]         opgen tune --model of each shipped model given (default:
 #                                                  all six, Llama-3-8B first) for SPECS (default the
 #                                                  W4A16, NF4, MXFP4 and W8A8 specs) into the same DB
-#                                                  (FUSED=1: the fused siblings' wider layers too)
+#                                                  (the fused siblings' wider layers included;
+#                                                  SEPARATE=1: the separate layers only)
 #   bash bench/gpu_run.sh bench [BENCH_ARGS...]    opgen bench (all five shapes) into $OUT, with
 #                                                  $OUT/nvidia_h200.json when there is one, else the
 #                                                  shipped DB -> bench.json, bench.md, *.png
@@ -176,7 +177,7 @@ print(','.join(f'{n}x{k}' for n, k in S), ','.join(map(str, M)))")
 models() {
   local m runs=() specs=${SPECS:-w4a16_sym_g128,bnb_nf4,mxfp4,w8a8_int8}
   [ $# -gt 0 ] || set -- llama-3-8b qwen2.5-7b llama-3-70b qwen2.5-72b mistral-7b gpt-oss-20b
-  for m in "$@"; do runs+=("${specs//,/ } --model $m ${MS:+--M $MS} ${FUSED:+--fused} --quiet"); done
+  for m in "$@"; do runs+=("${specs//,/ } --model $m ${MS:+--M $MS} ${SEPARATE:+--no-fused} --quiet"); done
   tune_each "${runs[@]}"
 }
 

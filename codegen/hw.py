@@ -172,9 +172,10 @@ class Calibration:
     # The rs GEMM decodings (planner.rs.kernel_class) whose pair-table kernel
     # (Config.pair_table: each byte's two values looked up at once) was
     # checked against the reference and timed faster than theirs on this
-    # device: the heuristic takes it for them (the tuner times both, and
-    # keeps only verified winners).
-    rs_pair_tables: FrozenSet[str] = frozenset()
+    # device, each with the largest M where it was: the heuristic takes it
+    # for them up to there (the tuner times both, and keeps only verified
+    # winners).
+    rs_pair_tables: Mapping[str, int] = field(default_factory=dict)
     # What decoding one weight row costs an rs GEMM block, in rows of M it
     # multiplies that row by (planner.heuristic's rs tile score).
     rs_decode_rows: int = 64
@@ -317,18 +318,19 @@ H200 = Calibration(
     # 8192^2 (H200): at M = 1 the row GEMV beat the best GEMM by 1.16x
     # (w4a8_int8 16.7 vs 19.3 us) and 1.07x (bitnet_b158_a8 15.3 vs 16.4);
     # at M = 4 the GEMMs won 2 of 2 against the row GEMV (1.29-1.44x) and 1
-    # of 2 against the tensor-core one; at 8 and 16 all.
+    # of 2 against the tensor-core one; at 8 and 16 all. (The other sub-byte
+    # A8 specs run the same GEMV with other scales, untimed.)
     # Source: docs/performance.md#widened-codes-8-bit-activations
     a8_gemv_max_m=1,
     # fp8 W8A8 (H200, 8192^2, M = 4096): 471 vs 530 us (1.12x); H100 1.07x
     # and 1.16x at M = 1024 and 4096; bit for bit the one-set kernel's output.
+    # (Untimed below M = 1024: a block's k-loop is the same at any M.)
     # Source: docs/performance.md#tma-gemm
     inflight_sums_verified=True,
     # H200, 8192^2: NF4's pair tables 1.29x, 1.23x, 1.09x at M = 16, 64,
-    # 256; MXFP4's 1.02x, 1.16x, and 0.97x at 256 (its pick there is the
-    # pair table all the same: the tile decides first). Bit for bit the
+    # 256; MXFP4's 1.02x, 1.16x, and 0.96x at 256. Bit for bit the
     # code-by-code kernel's output. Source: docs/performance.md#rs-gemm
-    rs_pair_tables=frozenset({"table_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16"}),
+    rs_pair_tables={"table_cvt_scale/pairs/float16": 256, "fp4_cvt_scale/pairs/float16": 64},
 )
 CALIBRATION = {"H200": H200}
 

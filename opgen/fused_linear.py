@@ -29,19 +29,21 @@ from typing import List, Mapping, Sequence, Tuple
 import torch
 from torch import nn
 
-from .model_shapes import FUSE_GROUPS
+from .model_shapes import CROSS_ATTENTION, FUSE_GROUPS
 
 
 def sibling_groups(model: nn.Module, eligible: Sequence[str],
                    groups: Sequence[Sequence[str]] = FUSE_GROUPS) -> List[Tuple[str, ...]]:
     """The qualified names of `eligible` layers of model (nn.Linear or
-    opgen's QuantLinear) that fuse: for each module, each of `groups` whose
-    members are all its children, all eligible, of one kind (class, spec,
-    launch), in_features, dtype and device; a layer in one group only (the
-    first that takes it)."""
+    opgen's QuantLinear) that fuse: for each module but cross-attention
+    (CROSS_ATTENTION), each of `groups` whose members are all its children,
+    all eligible, of one kind (class, spec, launch), in_features, dtype and
+    device; a layer in one group only (the first that takes it)."""
     ok = set(eligible)
     out = []
     for parent_name, parent in model.named_modules():
+        if parent_name.rpartition(".")[2] in CROSS_ATTENTION:
+            continue
         prefix = f"{parent_name}." if parent_name else ""
         for group in groups:
             names = [prefix + child for child in group]
@@ -119,6 +121,13 @@ class FusedPart(nn.Module):
         """This part's rows of the wide layer's real weight (its dequantized())."""
         lo, hi = self.shared.bounds[self.index]
         return self.shared.wide.dequantized()[lo:hi]
+
+    # What a part shares with the wide layer (QuantLinear's spec and launch),
+    # so that code reading a replaced layer's spec works on a part too.
+    spec = property(lambda self: self.shared.wide.spec)
+    spec_name = property(lambda self: self.shared.wide.spec_name)
+    kernel_spec = property(lambda self: self.shared.wide.kernel_spec)
+    pdl = property(lambda self: self.shared.wide.pdl)
 
     def extra_repr(self) -> str:
         lo, hi = self.shared.bounds[self.index]

@@ -293,15 +293,17 @@ def _experts(fmt: Format, model: nn.Module, files: _Files, report: LoadReport, d
 
 
 def load_quantized(path: Union[str, Path], device=None, dtype: torch.dtype = torch.float16,
-                   bitnet_activations: str = "int8", fuse: bool = True,
+                   bitnet_activations: str = "int8", fuse: Optional[bool] = None,
                    pdl: bool = False) -> Tuple[nn.Module, LoadReport]:
     """(model, report) of a quantized checkpoint directory (see the module's
     doc): the model in eval mode on `device` (default CPU, where QuantLinear
     runs the numpy reference), float tensors in `dtype`. bitnet_activations:
     "int8" (BitNet's own recipe) or "float" (hf_formats.BITNET_SPECS). fuse:
     the served siblings that read the same input (q / k / v, gate / up) as
-    one stacked layer each (opgen.torch.fuse_siblings; the report's `fused`;
-    decode measured faster: docs/performance.md#whole-model-decode).
+    one stacked layer each (opgen.torch.fuse_siblings; the report's `fused`);
+    None (the default): where their spec stacks (decode measured faster:
+    docs/performance.md#whole-model-decode); True: the same, and the report
+    notes each spec that does not stack.
     pdl: the served layers' kernels launched for programmatic dependent
     launch (QuantLinear's; sm_90)."""
     if bitnet_activations not in BITNET_SPECS:
@@ -375,11 +377,12 @@ def load_quantized(path: Union[str, Path], device=None, dtype: torch.dtype = tor
                               + (f"; {len(missing) - 1} more" if len(missing) > 1 else "") + ")")
     if device is not None:
         model.to(device)
-    if fuse:
+    if fuse is not False:
         # (fuse_siblings leaves the layers of such specs as they are; act-order's
         # PermutedInput layers are no QuantLinears and never stacked)
-        refused = {stack_refusal(m.kernel_spec) for m in map(model.get_submodule, report.served)
-                   if isinstance(m, QuantLinear)}
-        report.notes += [f"{why}: its siblings stay separate layers" for why in sorted(refused - {None})]
+        if fuse:
+            refused = {stack_refusal(m.kernel_spec) for m in map(model.get_submodule, report.served)
+                       if isinstance(m, QuantLinear)}
+            report.notes += [f"{why}: its siblings stay separate layers" for why in sorted(refused - {None})]
         report.fused = fuse_siblings(model, list(report.served))
     return model.eval(), report

@@ -25,16 +25,18 @@ from typing import Dict, List, Mapping, Tuple, Union
 
 from .codegen.errors import UserError
 
-__all__ = ["LinearShape", "MODELS_DIR", "FUSE_GROUPS", "shipped_models", "model_config", "read_config",
+__all__ = ["LinearShape", "MODELS_DIR", "FUSE_GROUPS", "CROSS_ATTENTION", "shipped_models", "model_config", "read_config",
            "linear_layers", "linear_shapes"]
 
 # Children of one module that read the same input, by their transformers
 # names: attention's q / k / v and the gated MLP's gate / up (Llama, Mistral,
 # Qwen2, Gemma, ...); opgen.fused_linear runs each group as one wider layer.
-# (Cross-attention, q from the decoder and k / v from the encoder as in
-# BART's and Whisper's `encoder_attn`, matches too: the answers stay right,
-# each input computing the whole wide layer, but nothing is gained there.)
 FUSE_GROUPS: Tuple[Tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# Modules whose q reads another input than their k / v (cross-attention:
+# BART's and Whisper's `encoder_attn`, Mllama's `cross_attn`): never fused,
+# as each input would compute the whole wide layer (with k / v cached, three
+# times q's work a step).
+CROSS_ATTENTION: Tuple[str, ...] = ("encoder_attn", "cross_attn", "crossattention")
 
 
 @dataclass(frozen=True)

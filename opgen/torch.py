@@ -541,17 +541,17 @@ def fuse_siblings(model: nn.Module, names: Optional[Iterable[str]] = None,
     every QuantLinear) replaced in place by the parts of one stacked layer
     each (QuantLinear.stacked, opgen.fused_linear): one launch a group.
     Layers whose spec cannot stack (stack_refusal: a tensor scale) stay as
-    they are. Every stacked layer is made before any is installed.
+    they are. Groups are stacked and installed one at a time, so memory
+    holds one group's weights twice at most (a failure leaves the groups
+    before it stacked: the model computes the same either way).
     Returns the groups fused."""
     if names is None:
         names = [n for n, m in model.named_modules() if isinstance(m, QuantLinear)]
     names = [n for n in names if isinstance(model.get_submodule(n), QuantLinear)
              and stack_refusal(model.get_submodule(n).kernel_spec) is None]
     found = sibling_groups(model, names, groups)
-    parts = {}
     for group in found:
-        parts.update(zip(group, stacked_parts([model.get_submodule(n) for n in group])))
-    install(model, parts)
+        install(model, dict(zip(group, stacked_parts([model.get_submodule(n) for n in group]))))
     return found
 
 
@@ -573,10 +573,12 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
     PROGRESS_AFTER_S seconds shows its progress on stderr (progress=False:
     never). pdl: QuantLinear's. fuse: siblings that read the same input
     (True: FUSE_GROUPS, q / k / v and gate / up; or groups of child names)
-    then run as one stacked layer each (fuse_siblings; with quantize only,
-    and a spec whose every tensor has an n axis: n_axes), listed in the
-    report's `fused`; None (the default): FUSE_GROUPS wherever that can be
-    (decode measured faster: docs/performance.md#whole-model-decode)."""
+    then run as one stacked layer each (fuse_siblings; a spec whose every
+    tensor has an n axis: n_axes), listed in the report's `fused`; None
+    (the default): FUSE_GROUPS wherever the spec stacks (decode measured
+    faster: docs/performance.md#whole-model-decode). With quantize=False the
+    stacked storage takes the state dict of a model replaced the same way
+    (fuse=False: of separate layers)."""
     spec = as_spec(spec)
     skip = list(skip)
     report = ReplaceReport()
@@ -585,10 +587,7 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
         raise ValueError("replace_linear swaps submodules; for a bare nn.Linear use "
                          "QuantLinear.from_linear")
     if fuse is None:
-        fuse = quantize and stack_refusal(execution_spec(spec, _layout_arch())) is None
-    if fuse and not quantize:
-        raise ValueError("fuse: with quantize=False the layers are filled by a state dict of "
-                         "separate layers, which fused ones do not take")
+        fuse = stack_refusal(execution_spec(spec, _layout_arch())) is None
     if fuse:
         n_axes(execution_spec(spec, _layout_arch()))        # (refuses before any work)
     prog, start, shown, n = Progress(progress), time.monotonic(), False, len(linears)

@@ -82,8 +82,8 @@ def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, deep: bool)
     once (decode_rows: that cost in rows of M, by decoding: `_rs_pick`)
     and multiplied by BM activation rows; then the tallest,
     widest tile, the pair table (a candidate only where
-    hw.Calibration.rs_pair_tables has it: its 32 KiB may shorten the
-    ring), and the depth, k-groups and ring the tuned winners had
+    hw.Calibration.rs_pair_tables has it, up to its M: its 32 KiB may
+    shorten the ring), and the depth, k-groups and ring the tuned winners had
     with it: 64-deep k-tiles at 256 rows (their registers) and with pair
     tables (their sweeps' winners at M = 16-256); 128 weight rows
     in one k-group of 4 stages from 128 rows, else two of 8 (12 at 16
@@ -151,7 +151,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     cands = [c for c in candidates(spec, arch, M, N, K, sms)
              if c not in exclude and (pick_rs or not c.rs) and a8_pickable(spec, c, arch, M)
              and (cal.inflight_sums_verified or not c.inflight_sums)
-             and (kind in cal.rs_pair_tables or not c.pair_table)]
+             and (not c.pair_table or M <= cal.rs_pair_tables.get(kind, 0))]
     if not cands:
         raise PlanError(f"{spec.name}: no kernel configuration fits M={M} N={N} K={K} on {arch} "
                         f"once {len(exclude)} excluded ones are left out")

@@ -40,9 +40,10 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
                         "config.json or model directory: every distinct N x K of its linear "
                         "layers (a spec's alignment rules may skip some)")
     p.add_argument("--lm-head", action="store_true", help="with --model: lm_head's shape too")
-    p.add_argument("--fused", action="store_true",
-                   help="with --model: the wider layers of fused siblings too (q+k+v, gate+up: "
-                        "replace_linear(fuse=True))")
+    p.add_argument("--fused", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --model: the wider layers of fused siblings too (q+k+v, gate+up), "
+                        "which replace_linear and load_quantized run by default (default: on; "
+                        "--no-fused: the separate layers only)")
     p.add_argument("--M", type=parse_ints, default=None, metavar="M,...",
                    help="comma-separated M values, one per bucket "
                         "(default: every bucket at its representative M)")
@@ -85,8 +86,8 @@ def specs_and_shapes(args):
         raise UserError("--model and --shapes/--N/--K both given: use one")
     if args.lm_head and args.model is None:
         raise UserError("--lm-head goes with --model")
-    if args.fused and args.model is None:
-        raise UserError("--fused goes with --model")
+    if args.fused is not None and args.model is None:
+        raise UserError("--fused / --no-fused go with --model")
     if args.shapes and (args.N is not None or args.K is not None):
         raise UserError("--shapes and --N/--K both given: use one")
     if (args.N is None) != (args.K is None):
@@ -94,7 +95,7 @@ def specs_and_shapes(args):
     notes = []
     if args.model is not None:
         config, source = model_config(args.model)
-        found = linear_shapes(config, source, lm_head=args.lm_head, fused=args.fused)
+        found = linear_shapes(config, source, lm_head=args.lm_head, fused=args.fused is not False)
         shapes = [(s.N, s.K) for s in found]
         notes.append(f"{source}: {len(found)} distinct linear shape(s) (N x K): "
                      + "; ".join(f"{s.N}x{s.K} ({', '.join(s.layers)})" for s in found))

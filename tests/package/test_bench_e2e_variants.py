@@ -33,7 +33,7 @@ def test_the_targets_read_the_loaders_default():
     """The e2e targets read each spec's variant as opgen's loaders run it
     by default: siblings stacked (load_quantized's fuse, replace_linear's
     wherever the spec stacks)."""
-    assert inspect.signature(load_quantized).parameters["fuse"].default is True
+    assert inspect.signature(load_quantized).parameters["fuse"].default is None     # (where it can)
     assert inspect.signature(replace_linear).parameters["fuse"].default is None
     assert ev.variant(shipped("w4a16_sym_g128")).fuse
     assert all(ev.variant(v).fuse for v in ev.DEFAULT_VARIANTS if v.startswith("opgen:") and v != W4A16_PLAIN)

@@ -120,7 +120,7 @@ def test_model_tunes_every_distinct_linear_shape(capsys, monkeypatch, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
     db = str(tmp_path / "db.json")
     assert main(["tune", "gptq_v2_w4a16_g128", "bnb_nf4", "--model", str(tmp_path), "--M", "1,16",
-                 "--db", db]) == 0
+                 "--no-fused", "--db", db]) == 0
     shapes = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)]
     assert calls == [(["gptq_v2_w4a16_g128", "bnb_nf4"], shapes, calls[0][2])]   # one call
     assert calls[0][2]["Ms"] == [1, 16] and calls[0][2]["db"] == db
@@ -129,11 +129,13 @@ def test_model_tunes_every_distinct_linear_shape(capsys, monkeypatch, tmp_path):
                           "4096x4096 (self_attn.q_proj, self_attn.o_proj); 1024x4096")
     assert "stored 0 record(s) of 0 bucket(s), 8 (spec, shape) pair(s)" in out
     # lm_head on request, from the config file itself
-    main(["tune", "w8a8_int8", "--model", str(tmp_path / "config.json"), "--lm-head", "--db", db])
+    main(["tune", "w8a8_int8", "--model", str(tmp_path / "config.json"), "--lm-head", "--no-fused",
+          "--db", db])
     assert calls[-1][:2] == (["w8a8_int8"], shapes + [(128256, 4096)])
-    # and the wider layers of fused siblings
-    main(["tune", "w8a8_int8", "--model", str(tmp_path / "config.json"), "--fused", "--db", db])
-    assert calls[-1][:2] == (["w8a8_int8"], shapes + [(6144, 4096), (28672, 4096)])
+    # by default the wider layers of fused siblings too (what the loaders run)
+    for fused in ([], ["--fused"]):
+        main(["tune", "w8a8_int8", "--model", str(tmp_path / "config.json"), "--db", db] + fused)
+        assert calls[-1][:2] == (["w8a8_int8"], shapes + [(6144, 4096), (28672, 4096)])
 
 
 def test_model_shapes_a_spec_refuses_are_skipped(capsys, monkeypatch, tmp_path):
@@ -144,7 +146,7 @@ def test_model_shapes_a_spec_refuses_are_skipped(capsys, monkeypatch, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_20B))
     assert main(["tune", "gptq_v2_w4a16_g128", "mxfp4", "w8a8_int8", "--model", str(tmp_path),
                  "--db", str(tmp_path / "db.json"), "--quiet"]) == 0
-    every = [(4096, 2880), (512, 2880), (2880, 4096), (5760, 2880), (2880, 2880)]
+    every = [(4096, 2880), (512, 2880), (2880, 4096), (5760, 2880), (2880, 2880), (5120, 2880)]   # (q+k+v)
     assert [c[:2] for c in calls] == [(["gptq_v2_w4a16_g128"], [(2880, 4096)]),
                                       (["mxfp4", "w8a8_int8"], every)]
     out = capsys.readouterr().out
@@ -160,7 +162,8 @@ def test_model_shapes_a_spec_refuses_are_skipped(capsys, monkeypatch, tmp_path):
 @pytest.mark.parametrize("argv, msg", [
     (["--model", "{d}", "--shapes", "4096x4096"], "--model and --shapes/--N/--K both given"),
     (["--shapes", "4096x4096", "--lm-head"], "--lm-head goes with --model"),
-    (["--shapes", "4096x4096", "--fused"], "--fused goes with --model"),
+    (["--shapes", "4096x4096", "--fused"], "--fused / --no-fused go with --model"),
+    (["--shapes", "4096x4096", "--no-fused"], "--fused / --no-fused go with --model"),
     (["--model", "{d}/nothere.json"], "nothere.json: neither a shipped model"),
     (["--model", "{d}/bad.json"], "bad.json: hidden_size: missing"),
 ])

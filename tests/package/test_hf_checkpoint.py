@@ -544,6 +544,7 @@ def test_bitnet(tmp_path, activations):
     spec = {"int8": "bitnet_b158_a8", "float": "bitnet_b158"}[activations]
     assert set(report.served.values()) == {spec} and len(report.served) == 7
     assert ("BitLinear quantizes its input to int8 per token" in str(report)) == (activations == "float")
+    assert report.fused == [] and "separate layers" not in str(report)     # (the default: where it can)
     # fuse=True: a tensor scale does not stack; the layers stay separate, the report says why
     _, report = hc.load_quantized(tmp_path, dtype=torch.float32, fuse=True, bitnet_activations=activations)
     assert report.fused == [] and len(report.served) == 7

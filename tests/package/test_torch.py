@@ -126,24 +126,46 @@ def test_replace_linear_fuses_siblings(spec):
 
 
 def test_replace_linear_fuses_by_default_where_it_can():
-    """fuse=None (the default): the siblings stacked for a spec that stacks
-    when quantizing; storage to be filled from a state dict (quantize=False)
-    keeps separate layers, as a tensor-scale spec does (no error)."""
+    """fuse=None (the default): the siblings stacked for a spec that stacks,
+    none for a tensor-scale spec (no error); cross-attention (q and k / v
+    read two inputs) never. A part answers for the wide layer's spec."""
     assert ot.replace_linear(Block(), "w4a16_sym_g128").fused == [("q_proj", "k_proj", "v_proj"),
                                                                    ("gate_proj", "up_proj")]
-    assert ot.replace_linear(Block(), "w4a16_sym_g128", quantize=False).fused == []
     b = Block()
     assert ot.replace_linear(b, "bitnet_b158").fused == [] and isinstance(b.q_proj, ot.QuantLinear)
+    m = nn.ModuleDict(dict(self_attn=Block(), encoder_attn=Block()))
+    assert sorted(ot.replace_linear(m, "w4a16_sym_g128").fused) == [
+        ("self_attn.gate_proj", "self_attn.up_proj"), ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")]
+    part = m["self_attn"].k_proj
+    assert (part.spec_name, part.spec, part.kernel_spec, part.pdl) == (
+        "w4a16_sym_g128", m["self_attn"].o_proj.spec, m["self_attn"].o_proj.kernel_spec, False)
+
+
+def test_state_dict_of_fused_siblings_round_trips():
+    """A fused model's state dict loads into storage replaced the same way
+    (quantize=False fuses too); a separate-layer one with fuse=False."""
+    model = Block()
+    ot.replace_linear(model, "w4a16_sym_g128")
+    fresh = Block()
+    assert ot.replace_linear(fresh, "w4a16_sym_g128", quantize=False).fused == [
+        ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")]
+    fresh.load_state_dict(model.state_dict())
+    x = torch.randn(3, 256)
+    with torch.no_grad():
+        assert torch.equal(fresh(x), model(x))
+    plain, empty = Block(), Block()
+    ot.replace_linear(plain, "w4a16_sym_g128", fuse=False)
+    ot.replace_linear(empty, "w4a16_sym_g128", quantize=False, fuse=False)
+    empty.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        assert torch.equal(empty(x), plain(x))
 
 
 def test_fuse_refuses_what_it_cannot_keep():
-    """A tensor scale (one for the stacked weights), storage to be filled
-    from separate layers' state dict, layers of two specs: a clear error
-    each, before any work."""
+    """A tensor scale (one for the stacked weights), layers of two specs: a
+    clear error each, before any work."""
     with pytest.raises(ValueError, match="bitnet_b158: its scales tensor is one for the whole weight"):
         ot.replace_linear(Block(), "bitnet_b158", fuse=True)
-    with pytest.raises(ValueError, match="quantize=False"):
-        ot.replace_linear(Block(), "w4a16_sym_g128", fuse=True, quantize=False)
     b = Block()
     q = [ot.QuantLinear.from_linear("w4a16_sym_g128", b.q_proj), ot.QuantLinear.from_linear("bnb_nf4", b.k_proj)]
     with pytest.raises(ValueError, match="bnb_nf4 .K=256. does not stack with w4a16_sym_g128"):

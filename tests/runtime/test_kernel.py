@@ -464,7 +464,7 @@ A8_GEMV_SPECS = [n for n in MATMUL_SPECS if any(
 @pytest.mark.parametrize("M,N,K", [(1, 264, 1152), (3, 1032, 2176), (13, 264, 1152), (16, 520, 1152)])
 def test_a8_gemvs_match_reference(name, M, N, K, record):
     """The GEMVs of 8-bit activations (staged as fp16 values, code x
-    a_scale[m]: "gemv" in hw.Calibration.a8_verified waits for this), every
+    a_scale[m]: hw.Calibration.a8_gemv_max_m rests on this), every
     config at tails, in the layout opgen.load runs."""
     spec = _run_spec(name)
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.family == "gemv"]

@@ -202,13 +202,14 @@ def test_inflight_sums_where_verified(monkeypatch):
 def test_pair_tables_where_verified(monkeypatch):
     """NF4's and MXFP4's pair-table rs GEMMs: the heuristic takes one for
     a decoding listed in hw.Calibration.rs_pair_tables (checked and timed
-    faster on the device: both, on the H200) at the tile it picks without
-    them; not listed, the code-by-code kernel (the tuner times both)."""
-    for name in ("bnb_nf4", "mxfp4"):
+    faster on the device: both, on the H200) up to the M listed (NF4 256,
+    MXFP4 64), at the tile it picks without them; not listed, the
+    code-by-code kernel (the tuner times both)."""
+    for name, upto in (("bnb_nf4", 256), ("mxfp4", 64)):
         s = spec(name)
-        picks = {M: planner.heuristic(s, "sm_90", M, 8192, 8192) for M in (16, 32, 64, 256)}
-        assert all(c.rs and c.pair_table for c in picks.values()), name
-        monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, rs_pair_tables=frozenset()))
+        picks = {M: planner.heuristic(s, "sm_90", M, 8192, 8192) for M in (16, 32, 64, 256, 512)}
+        assert all(c.rs and c.pair_table == (M <= upto) for M, c in picks.items()), name
+        monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, rs_pair_tables={}))
         for M, c in picks.items():
             assert any(c.pair_table for c in planner.candidates(s, "sm_90", M, 8192, 8192))
             plain = planner.heuristic(s, "sm_90", M, 8192, 8192)
