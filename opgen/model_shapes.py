@@ -25,8 +25,8 @@ from typing import Dict, List, Mapping, Tuple, Union
 
 from .codegen.errors import UserError
 
-__all__ = ["LinearShape", "MODELS_DIR", "FUSE_GROUPS", "CROSS_ATTENTION", "shipped_models", "model_config", "read_config",
-           "linear_layers", "linear_shapes"]
+__all__ = ["LinearShape", "MODELS_DIR", "FUSE_GROUPS", "CROSS_ATTENTION", "shipped_models", "model_config",
+           "read_config", "linear_layers", "linear_shapes"]
 
 # Children of one module that read the same input, by their transformers
 # names: attention's q / k / v and the gated MLP's gate / up (Llama, Mistral,
