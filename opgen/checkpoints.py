@@ -32,8 +32,8 @@ from .codegen.spec import (CONTAINER_BITS, NF4_TABLE, WEIGHT_CODES, Pack, Spec, 
 from .codegen.resolve import as_spec
 from .codegen.transcode import TranscodeError, transcode
 
-__all__ = ["FORMATS", "expected_tensors", "validate_tensors", "from_gptq", "from_awq",
-           "from_bnb_nf4", "from_bitnet_hf", "convert", "sub_state"]
+__all__ = ["FORMATS", "expected_tensors", "validate_tensors", "n_axes", "stack_refusal", "from_gptq",
+           "from_awq", "from_bnb_nf4", "from_bitnet_hf", "convert", "sub_state"]
 
 # checkpoint format -> the shipped spec that stores it as the checkpoint does
 # (the op and QuantLinear move it into the kernels' layout once, at load:
@@ -120,6 +120,32 @@ def expected_tensors(spec: Spec, N: int, K: int) -> Dict[str, Tuple[Tuple[int, .
     elif z.kind == "float":
         out["zeros"] = (shapes["zeros"], _elem_dtypes(z.dtype, False))
     return out
+
+
+def n_axes(spec: Spec) -> Dict[str, int]:
+    """The axis of each of spec's stored tensors that grows with N (what
+    QuantLinear.stacked joins along); ValueError naming a tensor that has
+    none (a tensor scale: one for every row)."""
+    N, K = 64, 256 * 1024      # (every alignment rule holds at N and 2 N)
+    at, twice = expected_tensors(spec, N, K), expected_tensors(spec, 2 * N, K)
+    out = {}
+    for name, (shape, _) in at.items():
+        grows = [i for i, (a, b) in enumerate(zip(shape, twice[name][0])) if a != b]
+        if len(grows) != 1:
+            raise ValueError(f"fuse: {spec.name}: its {name} tensor is one for the whole weight (no "
+                             f"n axis), so stacked siblings cannot each keep their own")
+        out[name] = grows[0]
+    return out
+
+
+def stack_refusal(spec: Spec) -> Optional[str]:
+    """Why layers of spec cannot be stacked (n_axes' message: a tensor with
+    no n axis), or None."""
+    try:
+        n_axes(spec)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _context(spec: Spec, N: int, K: int) -> str:

@@ -117,6 +117,19 @@ class FusedPart(nn.Module):
     def forward(self, x):
         return self.shared.part(self.index, x)
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # A state dict of separate layers holds this part's own tensors: an
+        # error naming the cure, under strict=False too (the stacked storage
+        # would stay unfilled).
+        own = [k for k in state_dict if k.startswith(prefix) and not k.startswith(prefix + "wide.")]
+        if own:
+            error_msgs.append(f"{own[0]}: a separate layer's tensor, but {prefix[:-1] or 'this layer'} is "
+                              f"part of a stacked layer (siblings fused); load it into layers replaced "
+                              f"with fuse=False")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
     def dequantized(self):
         """This part's rows of the wide layer's real weight (its dequantized())."""
         lo, hi = self.shared.bounds[self.index]

@@ -66,7 +66,7 @@ class LoadReport:
     dequantized: Dict[str, str] = field(default_factory=dict)    # quantized, runs in float: why
     unquantized: List[str] = field(default_factory=list)         # float in the checkpoint
     unused: List[str] = field(default_factory=list)              # tensors no module takes
-    fused: List[Tuple[str, ...]] = field(default_factory=list)   # siblings run as one layer (fuse=True)
+    fused: List[Tuple[str, ...]] = field(default_factory=list)   # siblings run as one layer (fuse)
     notes: List[str] = field(default_factory=list)
 
     def __str__(self) -> str:

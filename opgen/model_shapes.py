@@ -33,10 +33,10 @@ __all__ = ["LinearShape", "MODELS_DIR", "FUSE_GROUPS", "CROSS_ATTENTION", "shipp
 # Qwen2, Gemma, ...); opgen.fused_linear runs each group as one wider layer.
 FUSE_GROUPS: Tuple[Tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 # Modules whose q reads another input than their k / v (cross-attention:
-# BART's and Whisper's `encoder_attn`, Mllama's `cross_attn`): never fused,
-# as each input would compute the whole wide layer (with k / v cached, three
-# times q's work a step).
-CROSS_ATTENTION: Tuple[str, ...] = ("encoder_attn", "cross_attn", "crossattention")
+# BART's and Whisper's `encoder_attn`, Mllama's `cross_attn`, SeamlessM4T's
+# `cross_attention`): never fused, as each input would compute the whole
+# wide layer (with k / v cached, three times q's work a step).
+CROSS_ATTENTION: Tuple[str, ...] = ("encoder_attn", "cross_attn", "cross_attention", "crossattention")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from . import checkpoints as ck
+from .checkpoints import n_axes, stack_refusal
 from .codegen import quantize_weight
 from .codegen import reference as R
 from .codegen.planner import PlanError, check_shape, execution_spec
@@ -501,32 +502,6 @@ class ReplaceReport:
     replaced: List[str] = field(default_factory=list)
     skipped: Dict[str, str] = field(default_factory=dict)     # name -> why
     fused: List[Tuple[str, ...]] = field(default_factory=list)  # siblings run as one layer
-
-
-def n_axes(spec: Spec) -> Dict[str, int]:
-    """The axis of each of spec's stored tensors that grows with N (what
-    QuantLinear.stacked joins along); ValueError naming a tensor that has
-    none (a tensor scale: one for every row)."""
-    N, K = 64, 256 * 1024      # (every alignment rule holds at N and 2 N)
-    at, twice = ck.expected_tensors(spec, N, K), ck.expected_tensors(spec, 2 * N, K)
-    out = {}
-    for name, (shape, _) in at.items():
-        grows = [i for i, (a, b) in enumerate(zip(shape, twice[name][0])) if a != b]
-        if len(grows) != 1:
-            raise ValueError(f"fuse: {spec.name}: its {name} tensor is one for the whole weight (no "
-                             f"n axis), so stacked siblings cannot each keep their own")
-        out[name] = grows[0]
-    return out
-
-
-def stack_refusal(spec: Spec) -> Optional[str]:
-    """Why layers of spec cannot be stacked (n_axes' message: a tensor with
-    no n axis), or None."""
-    try:
-        n_axes(spec)
-    except ValueError as e:
-        return str(e)
-    return None
 
 
 def stacked_parts(layers: Sequence["QuantLinear"]) -> list:

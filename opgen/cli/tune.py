@@ -9,6 +9,7 @@ import statistics
 from typing import List, Tuple
 
 from ..bench.plan import matmul_specs, shipped_matmul_specs
+from ..checkpoints import stack_refusal
 from ..codegen import planner
 from ..codegen.errors import UserError
 from ..model_shapes import linear_shapes, model_config, shipped_models
@@ -75,9 +76,10 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
 
 
 def specs_and_shapes(args):
-    """(specs, shapes, notes) of the command line; a UserError names the
-    argument at fault. With --model, the shapes are the model's
-    (model_shapes.linear_shapes) and a note says which layers have each."""
+    """(specs, shapes, wide, notes) of the command line; a UserError names
+    the argument at fault. With --model, the shapes are the model's
+    (model_shapes.linear_shapes), `wide` those only its fused siblings have,
+    and a note says which layers have each."""
     if args.all and args.spec:
         raise UserError("give SPEC names or --all, not both")
     if not args.all and not args.spec:
@@ -92,11 +94,13 @@ def specs_and_shapes(args):
         raise UserError("--shapes and --N/--K both given: use one")
     if (args.N is None) != (args.K is None):
         raise UserError("--N and --K go together (or give --shapes NxK)")
-    notes = []
+    notes, wide = [], []
     if args.model is not None:
         config, source = model_config(args.model)
         found = linear_shapes(config, source, lm_head=args.lm_head, fused=args.fused is not False)
         shapes = [(s.N, s.K) for s in found]
+        separate = {(s.N, s.K) for s in linear_shapes(config, source, lm_head=args.lm_head)}
+        wide = [shape for shape in shapes if shape not in separate]
         notes.append(f"{source}: {len(found)} distinct linear shape(s) (N x K): "
                      + "; ".join(f"{s.N}x{s.K} ({', '.join(s.layers)})" for s in found))
     else:
@@ -104,7 +108,7 @@ def specs_and_shapes(args):
     if not shapes:
         raise UserError("no shape: give --shapes NxK[,NxK...] (or --N and --K, or --model)")
     names = shipped_matmul_specs() if args.all else list(dict.fromkeys(args.spec))
-    return matmul_specs(names, command="opgen tune"), shapes, notes
+    return matmul_specs(names, command="opgen tune"), shapes, wide, notes
 
 
 def tune_groups(args) -> Tuple[List[Tuple[list, list]], List[str]]:
@@ -112,12 +116,20 @@ def tune_groups(args) -> Tuple[List[Tuple[list, list]], List[str]]:
     notes on what is skipped. A shape given with --shapes/--N/--K that a
     spec refuses is an error; one of a --model is skipped with a note (a
     model's K need not fit every spec's group), and specs that take the same
-    shapes are tuned in one call (their compiles overlap the timing)."""
-    specs, shapes, notes = specs_and_shapes(args)
+    shapes are tuned in one call (their compiles overlap the timing). A
+    spec whose layers never stack (stack_refusal) skips the fused siblings'
+    shapes."""
+    specs, shapes, wide, notes = specs_and_shapes(args)
     groups, skipped = {}, []
     for spec in specs:
         taken = []
+        refusal = stack_refusal(spec) if wide else None
+        if refusal:
+            skipped.append(f"skipped {spec.name} at the fused siblings' shape(s) "
+                           f"{', '.join(f'{N}x{K}' for N, K in wide)}: {refusal}")
         for N, K in shapes:
+            if refusal and (N, K) in wide:
+                continue
             try:
                 planner.check_shape(spec, N, K)
                 taken.append((N, K))

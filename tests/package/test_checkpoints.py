@@ -353,3 +353,15 @@ def test_validate_tensors_extra_and_bias():
         .startswith("zeros: spec bnb_nf4 has no zeros")
     assert _error(ck.validate_tensors, spec, dict(t, bias=np.zeros(N + 1)), N, K) \
         .startswith("bias: shape [65], expected [64]")
+
+
+def test_n_axes_and_stack_refusal():
+    """The axis of each stored tensor that grows with N (what stacking
+    siblings joins along); a tensor scale has none, so its layers do not
+    stack, and stack_refusal says why."""
+    assert ck.n_axes(as_spec("gptq_v2_w4a16_g128")) == {"qweight": 1, "scales": 1, "zeros": 1}
+    assert ck.n_axes(as_spec("bnb_nf4")) == {"qweight": 0, "scales": 0}
+    assert ck.stack_refusal(as_spec("w4a16_sym_g128")) is None
+    assert ck.stack_refusal(as_spec("bitnet_b158")) == (
+        "fuse: bitnet_b158: its scales tensor is one for the whole weight (no n axis), so stacked "
+        "siblings cannot each keep their own")

@@ -136,6 +136,11 @@ def test_model_tunes_every_distinct_linear_shape(capsys, monkeypatch, tmp_path):
     for fused in ([], ["--fused"]):
         main(["tune", "w8a8_int8", "--model", str(tmp_path / "config.json"), "--db", db] + fused)
         assert calls[-1][:2] == (["w8a8_int8"], shapes + [(6144, 4096), (28672, 4096)])
+    # but not for a spec whose layers never stack (a tensor scale)
+    main(["tune", "bitnet_b158", "--model", str(tmp_path / "config.json"), "--db", db])
+    assert calls[-1][:2] == (["bitnet_b158"], shapes)
+    assert "skipped bitnet_b158 at the fused siblings' shape(s) 6144x4096, 28672x4096: fuse: bitnet_b158: " \
+        in capsys.readouterr().out
 
 
 def test_model_shapes_a_spec_refuses_are_skipped(capsys, monkeypatch, tmp_path):

@@ -133,7 +133,7 @@ def test_replace_linear_fuses_by_default_where_it_can():
                                                                    ("gate_proj", "up_proj")]
     b = Block()
     assert ot.replace_linear(b, "bitnet_b158").fused == [] and isinstance(b.q_proj, ot.QuantLinear)
-    m = nn.ModuleDict(dict(self_attn=Block(), encoder_attn=Block()))
+    m = nn.ModuleDict(dict(self_attn=Block(), encoder_attn=Block(), cross_attention=Block()))
     assert sorted(ot.replace_linear(m, "w4a16_sym_g128").fused) == [
         ("self_attn.gate_proj", "self_attn.up_proj"), ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")]
     part = m["self_attn"].k_proj
@@ -159,6 +159,11 @@ def test_state_dict_of_fused_siblings_round_trips():
     empty.load_state_dict(plain.state_dict())
     with torch.no_grad():
         assert torch.equal(empty(x), plain(x))
+    # separate layers' tensors into stacked storage: an error naming the cure, strict or not
+    for strict in (True, False):
+        with pytest.raises(RuntimeError, match="q_proj.qweight: a separate layer's tensor, but q_proj is part "
+                                               "of a stacked layer .* fuse=False"):
+            fresh.load_state_dict(plain.state_dict(), strict=strict)
 
 
 def test_fuse_refuses_what_it_cannot_keep():
