@@ -561,10 +561,11 @@ def replace_linear(model: nn.Module, spec: Union[Spec, str], skip: Iterable[str]
     if any(name == "" for name, _ in linears):
         raise ValueError("replace_linear swaps submodules; for a bare nn.Linear use "
                          "QuantLinear.from_linear")
+    refusal = stack_refusal(execution_spec(spec, _layout_arch())) if fuse is not False else None
     if fuse is None:
-        fuse = stack_refusal(execution_spec(spec, _layout_arch())) is None
-    if fuse:
-        n_axes(execution_spec(spec, _layout_arch()))        # (refuses before any work)
+        fuse = refusal is None
+    elif fuse and refusal:
+        raise ValueError(refusal)                           # (before any work)
     prog, start, shown, n = Progress(progress), time.monotonic(), False, len(linears)
     for i, (name, mod) in enumerate(linears):
         if time.monotonic() - start >= PROGRESS_AFTER_S:
