@@ -33,7 +33,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence
 
 from .. import __version__
 from ..codegen.errors import UserError
@@ -220,7 +220,9 @@ class Bench:
 
     # --- one variant ---
 
-    def variant_rows(self, name: str) -> List[Row]:
+    def variant_rows(self, name: str) -> Iterator[Row]:
+        """The variant's row of each batch, yielded as each is measured (a
+        variant that cannot run: every batch's row at once, failed)."""
         torch, plan = self.torch, self.plan
         rows = [Row(name, B) for B in plan.batches]
 
@@ -232,20 +234,23 @@ class Bench:
         try:
             v = variant(name)
         except Exception as e:
-            return fail(short_error(e))
+            yield from fail(short_error(e))
+            return
         why = v.unavailable(self.device)
         if why:
-            return fail(f"skipped: {why}")
+            yield from fail(f"skipped: {why}")
+            return
         t = time.perf_counter()
         try:
             mods, reals = v.layers(self.model, self.names)
             first = self.names[0]
             lin = self.model.get_submodule(first)
             bad = check_layer(torch, v, mods.get(first, lin), reals.get(first), lin)
-            if bad:
-                return fail(bad)
         except Exception as e:
-            return fail(f"quantize: {short_error(e)}")
+            bad = f"quantize: {short_error(e)}"
+        if bad:
+            yield from fail(bad)
+            return
         self.log(f"{name}: {len(mods)} layers made in {time.perf_counter() - t:.1f} s")
         for row in rows:
             try:
@@ -261,7 +266,7 @@ class Bench:
                 self.log(f"{name} batch {row.batch}: {row.error}")
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-        return rows
+            yield row
 
     def env(self) -> dict:
         torch = self.torch
@@ -317,7 +322,7 @@ def run(plan: Plan, log: Callable[[str], None] = _log, workers: Optional[int] = 
         on_rows: Optional[Callable[[dict], None]] = None) -> dict:
     """The e2e result: env, plan, model, rows (one per variant and batch),
     complete; workers: compile processes (default: all cores but one);
-    on_rows(result so far): after each variant (a run cut short keeps them)."""
+    on_rows(result so far): after each row (a run cut short keeps them)."""
     bench = Bench(plan, log)
     log(f"model {plan.model}: {len(bench.names)} linear layers, built in {bench.build_s:.1f} s on "
         f"{bench.device}")
@@ -338,14 +343,15 @@ def run(plan: Plan, log: Callable[[str], None] = _log, workers: Optional[int] = 
         out["load"] = load_time(bench)
     rows: List[Row] = []
     for name in plan.variants:
-        rows += bench.variant_rows(name)
-        base = {r.batch: r.ms_per_step for r in rows if r.variant == "fp16" and r.ms_per_step}
-        for r in rows:
-            if r.ms_per_step and base.get(r.batch):
-                r.speedup = base[r.batch] / r.ms_per_step
-        out["rows"] = [asdict(r) for r in rows]
-        if on_rows is not None:
-            on_rows(out)
+        for row in bench.variant_rows(name):
+            rows.append(row)
+            base = {r.batch: r.ms_per_step for r in rows if r.variant == "fp16" and r.ms_per_step}
+            for r in rows:
+                if r.ms_per_step and base.get(r.batch):
+                    r.speedup = base[r.batch] / r.ms_per_step
+            out["rows"] = [asdict(r) for r in rows]
+            if on_rows is not None:
+                on_rows(out)
     out["complete"] = True
     return out
 

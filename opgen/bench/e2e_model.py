@@ -15,6 +15,9 @@ from .. import model_shapes
 from ..codegen.errors import UserError
 
 MIN_TRANSFORMERS = (5, 0)   # the static cache keeps its length on the device (graph-safe)
+# The model's attention: transformers' "sdpa", except for a decode step's
+# single query token (_decode_sdpa).
+ATTENTION = "opgen_decode_sdpa"
 
 
 def model_config(name_or_path: str, layers: Optional[int] = None) -> Tuple[dict, str]:
@@ -56,7 +59,36 @@ def build_model(config: dict, device, dtype, seed: int = 0):
     torch.manual_seed(seed)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    from transformers import masking_utils
+    transformers.AttentionInterface.register(ATTENTION, _decode_sdpa)
+    masking_utils.AttentionMaskInterface.register(ATTENTION, masking_utils.ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    model.set_attn_implementation(ATTENTION)
     return model.eval()
+
+
+def _decode_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Attention with the key / value heads as the cache holds them: a
+    decode step's query heads [B, H, 1, D] become their groups' query rows
+    [B, H_kv, H / H_kv, D], which the cache's mask [B, 1, 1, L] broadcasts
+    over. transformers' "sdpa" up to 5.17 repeats every K / V head for its
+    query heads whenever a mask is given (always, with a static cache): at
+    batch 64 that copied 4x the cache twice a layer, 2.3 of 3.8 ms of an
+    8-layer step outside the linear layers (docs/performance.md). Later
+    versions pack the same way. Anything else (prefill, no grouped heads,
+    a mask per head, dropout, softcap, position bias) runs transformers'
+    own sdpa."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    groups = getattr(module, "num_key_value_groups", 1)
+    per_head_mask = attention_mask is not None and attention_mask.shape[1] != 1
+    if (query.shape[2] != 1 or groups == 1 or per_head_mask or dropout
+            or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    b, h, _, d = query.shape
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(b, h // groups, groups, d), key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(b, h, 1, d).transpose(1, 2).contiguous(), None
 
 
 @contextlib.contextmanager

@@ -61,6 +61,7 @@ def evaluate(rows: Sequence[dict], load: Optional[dict] = None) -> List[dict]:
     """Each target: label, measured (the ratio; for the checkpoint load its
     seconds), need, status (met / missed / not measured)."""
     by = _index(rows)
+    have = {(r["variant"], r["batch"]) for r in rows}
     out = []
     for t in TARGETS:
         ratio: Optional[float] = None
@@ -68,7 +69,10 @@ def evaluate(rows: Sequence[dict], load: Optional[dict] = None) -> List[dict]:
         r = by.get((t.variant, t.batch))
         if t.kind == "speedup" and r:
             ratio = r.get("speedup")
-        elif t.kind == "vs_peers" and r:
+        elif t.kind == "vs_peers" and r and all((p, t.batch) in have for p in PEER_VARIANTS):
+            # against the peers that ran; one with no row yet (a run cut
+            # short) leaves the target not measured, one that could not run
+            # (an error row: not installed) is left out
             peers = [by[p, t.batch]["tokens_per_s"] for p in PEER_VARIANTS if (p, t.batch) in by]
             if peers and r.get("tokens_per_s"):
                 ratio = r["tokens_per_s"] / max(peers)

@@ -94,13 +94,14 @@ def test_load_time_and_its_target(tmp_path):
     assert "## Checkpoint load" in (tmp_path / "e2e.md").read_text()
 
 
-def test_results_so_far_after_each_variant(tmp_path):
+def test_results_so_far_after_each_row(tmp_path):
     """A run cut short keeps what it measured: on_rows gets the result after
-    every variant (main writes it out), complete only at the end."""
+    every row (main writes it out), complete only at the end."""
     seen = []
-    out = e2e.run(plan(("fp16", "torch_int4"), batches=(1,), accuracy=False), log=lambda s: None,
-                  on_rows=lambda r: seen.append((r["complete"], [x["variant"] for x in r["rows"]])))
-    assert seen == [(False, ["fp16"]), (False, ["fp16", "torch_int4"])] and out["complete"]
+    out = e2e.run(plan(("fp16", "torch_int4"), batches=(1, 2), accuracy=False), log=lambda s: None,
+                  on_rows=lambda r: seen.append((r["complete"], [(x["variant"], x["batch"]) for x in r["rows"]])))
+    done = [("fp16", 1), ("fp16", 2), ("torch_int4", 1), ("torch_int4", 2)]
+    assert seen == [(False, done[:n]) for n in range(1, 5)] and out["complete"]
 
 
 @pytest.mark.gpu

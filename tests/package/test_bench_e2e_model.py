@@ -140,3 +140,36 @@ def test_gpu_the_captured_step_decodes_as_the_eager_one():
     assert dec.graph is not None
     assert torch.equal(dec.run(prompt), eager)
     assert torch.equal(dec.run(prompt), eager)       # a replay again from a reset cache
+
+
+def test_a_decode_step_attends_with_the_cached_kv_heads_as_transformers_sdpa_does(monkeypatch):
+    """The model's attention (ATTENTION) runs its own packed path in a
+    decode step, never repeating K / V heads (transformers' repeat_kv would
+    copy the cache per query head), and gives transformers' "sdpa" logits
+    (fp32: equal to rounding)."""
+    import transformers.integrations.sdpa_attention as sa
+    model = em.build_model(TINY, "cpu", torch.float32, seed=4)
+    assert model.config._attn_implementation == em.ATTENTION
+    assert TINY["num_attention_heads"] > TINY["num_key_value_heads"]
+    prompt = torch.randint(0, TINY["vocab_size"], (3, 6), generator=torch.Generator().manual_seed(4))
+    dec = em.Decoder(model, 3, 6, 5)
+    dec.prefill(prompt)
+    want, tokens = [dec.logits.clone()], [dec.ids.clone()]
+
+    def refuse(*a, **k):
+        raise AssertionError("a decode step ran transformers' sdpa or repeated K / V heads")
+    with monkeypatch.context() as m:
+        m.setattr(sa, "repeat_kv", refuse)
+        m.setattr(sa, "sdpa_attention_forward", refuse)
+        for _ in range(4):
+            dec.step()
+            want.append(dec.logits.clone())
+            tokens.append(dec.ids.clone())
+    model.set_attn_implementation("sdpa")
+    try:
+        got = []
+        em.Decoder(model, 3, 6, 5).run(prompt, force=torch.cat(tokens, 1),
+                                       each=lambda t, lg: got.append(lg.clone()))
+    finally:
+        model.set_attn_implementation(em.ATTENTION)
+    assert torch.allclose(torch.stack(got), torch.stack(want), atol=1e-5, rtol=1e-5)

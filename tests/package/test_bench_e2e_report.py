@@ -45,6 +45,15 @@ def test_targets_are_evaluated_from_the_rows():
     assert t["mxfp4 batch 64 step <= 1.15x W4A16's"]["status"] == "not measured"
 
 
+def test_a_peer_not_yet_measured_leaves_the_peer_target_not_measured():
+    """A run cut short before gemlite's batch 64: W4A16 is not compared with
+    torch int4 alone there."""
+    cut = [r for r in rows() if not (r["variant"] == "gemlite_w4" and r["batch"] == 64)]
+    t = by_label(rep.evaluate(cut))
+    assert t["W4A16 batch 64 >= 1.3x the faster of torch int4 / gemlite"]["status"] == "not measured"
+    assert t["W4A16 batch 16 >= 1.3x the faster of torch int4 / gemlite"]["status"] == "met"
+
+
 def test_error_rows_are_never_measured():
     bad = [dict(r, error="boom") if r["variant"] == W4 else r for r in rows()]
     t = by_label(rep.evaluate(bad))
