@@ -159,7 +159,15 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     rs = [c for c in cands if c.rs]                 # (only where rs_pickable)
     if 9 <= M <= 16 and rs and _rs_from_m9(kind, N, sms, cal):
         return _rs_pick(rs, kind, M, N, sms, cal)
-    if 2 <= M <= 16 and tc:
+    dense_op = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).dense
+    # Dense operands (fp16, int8, fp8) at M = 9-16: the mma.sync GEMM's
+    # 16-row tiles, not the tensor-core GEMV nor the TMA GEMM's 64-row ones
+    # (H200 tuning logs: it won 16 of 17 such records, 1.04-1.57x over the
+    # pick of either: docs/performance.md#heuristic).
+    small_dense = dense_op and 9 <= M <= 16
+    if small_dense:
+        cands = [c for c in cands if c.family == "gemm" and not (c.tma or c.wgmma)] or cands
+    elif 2 <= M <= 16 and tc:
         # Measured (w4a16_sym 8192^2): M = 4 19.7 us, M = 16 28.8 us (the
         # mma.sync GEMM: 37 us): docs/performance.md#tensor-core-gemv. The
         # widest vectors, 8 warps, split-K to ~2 blocks per SM.
@@ -167,7 +175,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
             return (blocks(spec, c, M, N) < 15 * sms // 8, -c.vbytes, c.warps != 8, c.split_k)
         return min(tc, key=tscore)
     gemv = [c for c in cands if c.family == "gemv" and not c.tc]
-    if M <= 4 and gemv:
+    if M <= 4 and gemv and not small_dense:
         # A grid fills the device at 12 warps per SM (gemv_fill); a split-K
         # one's warps count only up to gemv_split_fill_warps per SM on [N, K]
         # weights (its reduction costs more than more warps bring above
@@ -202,7 +210,6 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # winners had them (docs/performance.md#tma-gemm).
     # (Decoded weights on the TMA GEMM, without predecode, are the tuner's
     # to time: at M = 64 they ran 0.9-1.1x the cp.async kernels.)
-    dense_op = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).dense
     tma = [c for c in cands if c.tma and (dense_op or c.predecode)]
     if tma:
         speed = cal.tma_tile_speed
@@ -260,13 +267,30 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
         # for large M with wgmma), the fewest split-K slices
         # (docs/performance.md#gemm).
         if c.family != "gemm":
-            return (1, 9.0, 0, True, 0, True, True)
+            return (1, 9.0, 0, True, 0, 0, True, True)
         waste = 1.0 if tall else (-(-M // c.BM) * c.BM) / M
         # wgmma on dense operands keeps a group in flight: it wants the whole K
         # and deep pipelines (w8a8 M=64: p5 s1 34 us, p4 s4 54 us:
         # docs/performance.md#gemm).
         deep = dense and c.wgmma
-        return (0 if deep else -min(blocks(spec, c, M, N), want_blocks), round(waste, 1), -c.BM,
-                c.BN != (wide if c.wgmma else 128), c.split_k, -c.stages if deep else c.stages != 4,
-                c.min_blocks != 1)
+        want, n_blocks = want_blocks, blocks(spec, c, M, N)
+        # Dense operands up to M = 16 (mma.sync): the whole K once the tiles
+        # alone fill 0.8 of a wave (M = 1) or a third of one (M = 2-16),
+        # else split-K to about two waves (M = 1) or one (0.8 of one counts
+        # as full); the deepest pipeline over the widest k-steps. Tuning
+        # logs (W8A8 / fp8 / fp16, M = 1 and 16): whole K at 14336 and 28672
+        # rows up to 1.41x faster than split 2-4 ways (H200); at M = 16 whole
+        # K from 48 tiles (6144 rows), 1.41x over 4-way (H100); the winners'
+        # k-tiles 128 deep, 4-5 stages: docs/performance.md#heuristic.
+        small = dense and M <= 16 and not c.wgmma
+        if small:
+            tiles = n_blocks // c.split_k
+            if tiles >= (0.8 if M == 1 else 1 / 3) * sms:
+                n_blocks = want
+            elif M > 1:
+                want = sms
+                n_blocks = sms if n_blocks >= 0.8 * sms else n_blocks
+        return (0 if deep else -min(n_blocks, want), round(waste, 1), -c.BM,
+                c.BN != (wide if c.wgmma else 128), c.split_k, -c.BK if small else 0,
+                -c.stages if deep or small else c.stages != 4, c.min_blocks != 1)
     return min(cands, key=score)

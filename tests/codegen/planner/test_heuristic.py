@@ -22,6 +22,29 @@ def test_heuristic_takes_tma_like_the_tuned_winners():
     assert not planner.heuristic(spec("w8a8_int8"), "sm_80", 64, 8192, 8192).tma
 
 
+def test_dense_operands_up_to_16_rows_take_the_mma_sync_16_row_tile():
+    """Dense operands at M = 1 and 9-16: the mma.sync GEMM's 16-row tile
+    (not the TMA GEMM, not fp16's tensor-core GEMV), 128-deep k-steps, the
+    deepest pipeline, split-K only for grids short of filling the device
+    (docs/performance.md#heuristic)."""
+    def pick(name, M, N, K):
+        c = planner.heuristic(spec(name), "sm_90", M, N, K, 132)
+        assert c.family == "gemm" and not (c.tma or c.wgmma) and c.BM == 16 and c.BK == 128, c.name
+        return c
+    for name in ("w8a8_int8", "fp8_e4m3_w8a8", "fp16"):
+        # 112 and 224 tiles: whole K at M = 1 and 16
+        assert pick(name, 16, 14336, 4096).split_k == 1 and pick(name, 16, 28672, 8192).split_k == 1
+    for name in ("w8a8_int8", "fp8_e4m3_w8a8"):
+        assert pick(name, 1, 14336, 4096).split_k == 1 and pick(name, 1, 28672, 4096).split_k == 1
+        # 48 and 64 tiles: whole K at M = 16; split at M = 1
+        assert pick(name, 16, 6144, 4096).split_k == 1 and pick(name, 16, 8192, 8192).split_k == 1
+        assert pick(name, 1, 8192, 8192).split_k > 1
+        # 32 tiles: split to about one wave at M = 16
+        assert pick(name, 16, 4096, 14336).split_k == 4
+    # from M = 17 the TMA GEMM again
+    assert planner.heuristic(spec("w8a8_int8"), "sm_90", 32, 8192, 8192, 132).tma
+
+
 def test_heuristic_takes_tall_tiles_for_decoded_weights(monkeypatch):
     """Decoded weights on the cp.async wgmma GEMM above M = 64 (where the rs
     GEMM is not the pick: here taken out): 128-row tiles despite padding
