@@ -164,9 +164,9 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # 16-row tiles, not the tensor-core GEMV nor the TMA GEMM's 64-row ones
     # (H200 tuning logs: it won 16 of 17 such records, 1.04-1.57x over the
     # pick of either: docs/performance.md#heuristic).
-    small_dense = dense_op and 9 <= M <= 16
-    if small_dense:
-        cands = [c for c in cands if c.family == "gemm" and not (c.tma or c.wgmma)] or cands
+    mma_sync = [c for c in cands if c.family == "gemm" and not (c.tma or c.wgmma)]
+    if dense_op and 9 <= M <= 16 and mma_sync:
+        cands = mma_sync
     elif 2 <= M <= 16 and tc:
         # Measured (w4a16_sym 8192^2): M = 4 19.7 us, M = 16 28.8 us (the
         # mma.sync GEMM: 37 us): docs/performance.md#tensor-core-gemv. The
@@ -175,7 +175,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
             return (blocks(spec, c, M, N) < 15 * sms // 8, -c.vbytes, c.warps != 8, c.split_k)
         return min(tc, key=tscore)
     gemv = [c for c in cands if c.family == "gemv" and not c.tc]
-    if M <= 4 and gemv and not small_dense:
+    if M <= 4 and gemv:
         # A grid fills the device at 12 warps per SM (gemv_fill); a split-K
         # one's warps count only up to gemv_split_fill_warps per SM on [N, K]
         # weights (its reduction costs more than more warps bring above
@@ -275,21 +275,25 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
         deep = dense and c.wgmma
         want, n_blocks = want_blocks, blocks(spec, c, M, N)
         # Dense operands up to M = 16 (mma.sync): the whole K once the tiles
-        # alone fill 0.8 of a wave (M = 1) or a third of one (M = 2-16),
-        # else split-K to about two waves (M = 1) or one (0.8 of one counts
-        # as full); the deepest pipeline over the widest k-steps. Tuning
-        # logs (W8A8 / fp8 / fp16, M = 1 and 16): whole K at 14336 and 28672
-        # rows up to 1.41x faster than split 2-4 ways (H200); at M = 16 whole
-        # K from 48 tiles (6144 rows), 1.41x over 4-way (H100); the winners'
-        # k-tiles 128 deep, 4-5 stages: docs/performance.md#heuristic.
+        # alone fill 0.8 of a wave, or (M = 2-16) a third of one with up to
+        # 64 k-steps, else split-K to about two waves (M = 1) or one (0.8 of
+        # one counts as full); the deepest pipeline over the widest k-steps.
+        # Tuning logs (W8A8 / fp8 / fp16, M = 1 and 16): whole K at 14336
+        # and 28672 rows up to 1.41x faster than split 2-4 ways (H200); at
+        # M = 16 whole K on 48 and 64 tiles of 32-64 k-steps (1.41x over
+        # 4-way at 6144 x 4096, H100), split two ways on 64 tiles of 224
+        # (8192 x 28672, every dense spec); the winners' k-tiles 128 deep,
+        # 4-5 stages: docs/performance.md#heuristic.
         small = dense and M <= 16 and not c.wgmma
         if small:
+            # (one target for every candidate, so that a narrower tile that
+            # fills the device ties with a 128-wide one and loses on BN)
+            want = want_blocks if M == 1 else sms
             tiles = n_blocks // c.split_k
-            if tiles >= (0.8 if M == 1 else 1 / 3) * sms:
+            short_k = K // c.BK <= 64
+            if (tiles >= 0.8 * sms or (M > 1 and tiles >= sms / 3 and short_k)
+                    or (M > 1 and n_blocks >= 0.8 * sms)):
                 n_blocks = want
-            elif M > 1:
-                want = sms
-                n_blocks = sms if n_blocks >= 0.8 * sms else n_blocks
         return (0 if deep else -min(n_blocks, want), round(waste, 1), -c.BM,
                 c.BN != (wide if c.wgmma else 128), c.split_k, -c.BK if small else 0,
                 -c.stages if deep or small else c.stages != 4, c.min_blocks != 1)

@@ -15,9 +15,14 @@ from .. import model_shapes
 from ..codegen.errors import UserError
 
 MIN_TRANSFORMERS = (5, 0)   # the static cache keeps its length on the device (graph-safe)
-# The model's attention: transformers' "sdpa", except for a decode step's
-# single query token (_decode_sdpa).
+# The attention of models built on transformers' "sdpa": the same, except
+# for a decode step's single query token (_decode_sdpa).
 ATTENTION = "opgen_decode_sdpa"
+# Keywords the packed path may ignore: they never change the math of one
+# query token (a sliding window is in the mask). Any other one (attention
+# sinks, softcap, position bias, ...) goes to transformers' own sdpa.
+_PACKED_IGNORES = frozenset({"position_ids", "cache_position", "use_cache", "sliding_window",
+                             "is_causal"})
 
 
 def model_config(name_or_path: str, layers: Optional[int] = None) -> Tuple[dict, str]:
@@ -32,6 +37,8 @@ def model_config(name_or_path: str, layers: Optional[int] = None) -> Tuple[dict,
         if layers < 1:
             raise UserError(f"--layers {layers}: must be at least 1")
         config = dict(config, num_hidden_layers=layers)
+        if isinstance(config.get("layer_types"), list):   # one entry per layer (gpt-oss, Qwen3)
+            config["layer_types"] = config["layer_types"][:layers]
     return config, source
 
 
@@ -59,10 +66,12 @@ def build_model(config: dict, device, dtype, seed: int = 0):
     torch.manual_seed(seed)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    from transformers import masking_utils
-    transformers.AttentionInterface.register(ATTENTION, _decode_sdpa)
-    masking_utils.AttentionMaskInterface.register(ATTENTION, masking_utils.ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    model.set_attn_implementation(ATTENTION)
+    if model.config._attn_implementation == "sdpa":     # (models without sdpa keep theirs)
+        from transformers import masking_utils
+        transformers.AttentionInterface.register(ATTENTION, _decode_sdpa)
+        masking_utils.AttentionMaskInterface.register(ATTENTION,
+                                                      masking_utils.ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+        model.set_attn_implementation(ATTENTION)
     return model.eval()
 
 
@@ -72,23 +81,24 @@ def _decode_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
     [B, H_kv, H / H_kv, D], which the cache's mask [B, 1, 1, L] broadcasts
     over. transformers' "sdpa" up to 5.17 repeats every K / V head for its
     query heads whenever a mask is given (always, with a static cache): at
-    batch 64 that copied 4x the cache twice a layer, 2.3 of 3.8 ms of an
-    8-layer step outside the linear layers (docs/performance.md). Later
+    batch 64 that copied 4x the cache twice a layer, 2.2 of 3.8 ms of an
+    8-layer step outside the linear layers on an H100
+    (docs/performance.md#whole-model-decode). Later
     versions pack the same way. Anything else (prefill, no grouped heads,
-    a mask per head, dropout, softcap, position bias) runs transformers'
-    own sdpa."""
+    a mask per head, dropout, keywords beyond _PACKED_IGNORES) runs
+    transformers' own sdpa."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     groups = getattr(module, "num_key_value_groups", 1)
     per_head_mask = attention_mask is not None and attention_mask.shape[1] != 1
-    if (query.shape[2] != 1 or groups == 1 or per_head_mask or dropout
-            or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None):
+    other = [k for k, v in kwargs.items() if v is not None and k not in _PACKED_IGNORES]
+    if query.shape[2] != 1 or groups == 1 or per_head_mask or dropout or other:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     b, h, _, d = query.shape
     out = torch.nn.functional.scaled_dot_product_attention(
         query.reshape(b, h // groups, groups, d), key, value, attn_mask=attention_mask, scale=scaling)
-    return out.reshape(b, h, 1, d).transpose(1, 2).contiguous(), None
+    return out.reshape(b, h, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 @contextlib.contextmanager

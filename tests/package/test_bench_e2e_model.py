@@ -32,6 +32,9 @@ def test_the_shipped_llama_3_8b_config_has_its_published_shapes():
         (4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)]
     assert config["num_hidden_layers"] == 32 and config["vocab_size"] == 128256
     assert em.model_config("llama-3-8b", layers=2)[0]["num_hidden_layers"] == 2
+    # a per-layer list follows the shorter model
+    short = em.model_config("gpt-oss-20b", layers=3)[0]
+    assert short["num_hidden_layers"] == 3 and len(short["layer_types"]) == 3
 
 
 def test_a_config_file_or_directory_and_clear_errors(tmp_path):
@@ -173,3 +176,21 @@ def test_a_decode_step_attends_with_the_cached_kv_heads_as_transformers_sdpa_doe
     finally:
         model.set_attn_implementation(em.ATTENTION)
     assert torch.allclose(torch.stack(got), torch.stack(want), atol=1e-5, rtol=1e-5)
+
+
+def test_models_without_sdpa_keep_their_attention_and_other_keywords_take_transformers_sdpa(monkeypatch):
+    """gpt-oss (attention sinks, no sdpa) builds with its own attention;
+    a keyword the packed path does not know (its sinks: s_aux) sends even a
+    decode step to transformers' sdpa."""
+    import transformers.integrations.sdpa_attention as sa
+    config, _ = em.model_config("gpt-oss-20b", layers=1)
+    model = em.build_model(config, "meta", torch.float16)
+    assert model.config._attn_implementation not in (em.ATTENTION, "sdpa")
+    calls = []
+    monkeypatch.setattr(sa, "sdpa_attention_forward", lambda *a, **k: calls.append(k) or "stock")
+    module = torch.nn.Module()
+    module.num_key_value_groups = 2
+    q, kv = torch.zeros(1, 4, 1, 8), torch.zeros(1, 2, 5, 8)
+    assert em._decode_sdpa(module, q, kv, kv, None, s_aux=torch.zeros(4)) == "stock"
+    assert em._decode_sdpa(module, q, kv, kv, None, sliding_window=4)[0].shape == (1, 1, 4, 8)
+    assert len(calls) == 1

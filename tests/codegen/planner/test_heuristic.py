@@ -39,8 +39,12 @@ def test_dense_operands_up_to_16_rows_take_the_mma_sync_16_row_tile():
         # 48 and 64 tiles: whole K at M = 16; split at M = 1
         assert pick(name, 16, 6144, 4096).split_k == 1 and pick(name, 16, 8192, 8192).split_k == 1
         assert pick(name, 1, 8192, 8192).split_k > 1
-        # 32 tiles: split to about one wave at M = 16
+        # 32 tiles: split to about one wave at M = 16; 64 tiles of 224
+        # k-steps: split two ways
         assert pick(name, 16, 4096, 14336).split_k == 4
+        assert pick(name, 16, 8192, 28672).split_k == 2
+    # a narrower tile filling the device loses to the 128-wide one
+    assert pick("fp16", 16, 4096, 4096).BN == 128
     # from M = 17 the TMA GEMM again
     assert planner.heuristic(spec("w8a8_int8"), "sm_90", 32, 8192, 8192, 132).tma
 
