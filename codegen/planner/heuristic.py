@@ -131,11 +131,13 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
               exclude: FrozenSet[Config] = frozenset()) -> Config:
     """A reasonable pick without tuning: for weights stored [N, K] and
     M = 2-16 the tensor-core GEMV (M = 9-16 on wide layers: the rs GEMM of
-    the decodings in `rs_from_m9`); for decode (M <= 4) the GEMV whose
+    the decodings in `rs_from_m9`; for dense operands the mma.sync GEMM's
+    16-row tile, split-K by how much of a wave its tiles fill); for
+    decode (M <= 4) the GEMV whose
     grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
     then the fewest split-K slices, the most columns per warp and the widest
     loads; decoded weights from `predecode_from` on a predecode config; for
-    dense operands (predecode's too) on sm_90 from M = 9 the TMA GEMM
+    dense operands (predecode's too) on sm_90 from M = 17 the TMA GEMM
     (`_tma_score`); else a GEMM (wgmma on sm_90 above M = 32) with enough
     blocks (split-K up to ~2 per SM for M <= 64), the least padding of M, as
     tall and 128 (256 for M >= 1024 with wgmma) wide, the fewest split-K

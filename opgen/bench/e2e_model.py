@@ -83,10 +83,9 @@ def _decode_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
     query heads whenever a mask is given (always, with a static cache): at
     batch 64 that copied 4x the cache twice a layer, 2.2 of 3.8 ms of an
     8-layer step outside the linear layers on an H100
-    (docs/performance.md#whole-model-decode). Later
-    versions pack the same way. Anything else (prefill, no grouped heads,
-    a mask per head, dropout, keywords beyond _PACKED_IGNORES) runs
-    transformers' own sdpa."""
+    (docs/performance.md#whole-model-decode). Later versions pack the same
+    way. Anything else (prefill, no grouped heads, a mask per head,
+    dropout, keywords beyond _PACKED_IGNORES) runs transformers' own sdpa."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     groups = getattr(module, "num_key_value_groups", 1)

@@ -13,7 +13,7 @@ def spec(name):
 
 
 def test_heuristic_takes_tma_like_the_tuned_winners():
-    """From M = 9 the heuristic picks the TMA GEMM for dense operands (and
+    """From M = 17 the heuristic picks the TMA GEMM for dense operands (and
     for predecode's dense half), with the tuned winners' tiles (docs/performance.md#tma-gemm)."""
     for name, M, want in (("w8a8_int8", 64, (64, 64, 0)), ("fp8_e4m3_w8a8", 256, (128, 128, 8)),
                           ("fp16", 4096, (128, 256, 8)), ("gptq_v2_w4a16_g128", 4096, (128, 256, 8))):
