@@ -254,13 +254,17 @@ class Bench:
         self.log(f"{name}: {len(mods)} layers made in {time.perf_counter() - t:.1f} s")
         for row in rows:
             try:
+                t0 = time.perf_counter()
                 with swapped(self.model, mods):
                     self.decode_time(row.batch, row)
+                t1 = time.perf_counter()
                 if reals and plan.accuracy:
                     self.accuracy(row.batch, v, mods, reals, row)
+                # (the wall time of each part: what a run's time limit is spent on)
                 self.log(f"{name} batch {row.batch}: {row.ms_per_step:.3f} ms/step"
                          + (f", rel_err {row.rel_err:.2e} (fp32 {row.rel_err_fp32:.2e}), "
-                            f"agreement {row.agreement:.3f}" if row.rel_err is not None else ""))
+                            f"agreement {row.agreement:.3f}" if row.rel_err is not None else "")
+                         + f" [{t1 - t0:.1f} s timing, {time.perf_counter() - t1:.1f} s accuracy]")
             except Exception as e:
                 row.error = short_error(e)
                 self.log(f"{name} batch {row.batch}: {row.error}")
