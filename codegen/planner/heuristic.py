@@ -166,8 +166,9 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # 16-row tiles, not the tensor-core GEMV nor the TMA GEMM's 64-row ones
     # (H200 tuning logs: it won 16 of 17 such records, 1.04-1.57x over the
     # pick of either: docs/performance.md#heuristic).
-    mma_sync = [c for c in cands if c.family == "gemm" and not (c.tma or c.wgmma)]
-    if dense_op and 9 <= M <= 16 and mma_sync:
+    mma_sync = ([c for c in cands if c.family == "gemm" and not (c.tma or c.wgmma)]
+                if dense_op and 9 <= M <= 16 else [])
+    if mma_sync:
         cands = mma_sync
     elif 2 <= M <= 16 and tc:
         # Measured (w4a16_sym 8192^2): M = 4 19.7 us, M = 16 28.8 us (the
