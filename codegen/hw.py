@@ -217,8 +217,13 @@ H200 = Calibration(
     # loaded per group (GPTQ, w1a16) predecode wins from M = 256; for the
     # other decoded formats the fused GEMM still wins at 256 and predecode
     # from 512; the rs GEMM (4-bit codes in the interleaved order) beat
-    # predecode at M = 1024 at all five bench shapes. Source: docs/performance.md#predecode
-    predecode_m={"no_fused_wgmma": 256, "zero_points": 256, "other": 512, "rs_gemm": 2048},
+    # predecode at M = 1024 at all five bench shapes; sub-byte codes widened
+    # for 8-bit activations (w4a8_int8, bitnet_b158_a8, 8192^2, H100): the
+    # predecode TMA GEMM 141.7 / 433.7 us and 133.8 / 424.0 against the
+    # widened GEMM's 148.2 / 577.9 and 133.5 / 495.3 at M = 1024 / 4096.
+    # Source: docs/performance.md#predecode
+    predecode_m={"no_fused_wgmma": 256, "zero_points": 256, "other": 512, "rs_gemm": 2048,
+                 "widened_a8": 1024},
     # The most ptxas gave w4a16_sym over blocks, ring depths and k-groups
     # (tests/codegen/test_compiler.py keeps these upper bounds true).
     # Source: docs/performance.md#rs-gemm
@@ -322,6 +327,10 @@ H200 = Calibration(
     # A8 specs run the same GEMV with other scales, untimed.)
     # Source: docs/performance.md#widened-codes-8-bit-activations
     a8_gemv_max_m=1,
+    # A8 predecode matched the reference at M = 300 / 1000 with tails (H100)
+    # and in every sweep row; timed: predecode_m["widened_a8"].
+    # Source: docs/performance.md#widened-codes-8-bit-activations
+    a8_verified=frozenset({"predecode"}),
     # fp8 W8A8 (H200, 8192^2, M = 4096): 471 vs 530 us (1.12x); H100 1.07x
     # and 1.16x at M = 1024 and 4096; bit for bit the one-set kernel's output.
     # (Untimed below M = 1024: a block's k-loop is the same at any M.)

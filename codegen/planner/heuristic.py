@@ -39,8 +39,12 @@ def a8_pickable(spec: Spec, cfg: Config, arch: str, M: int) -> bool:
 
 def predecode_from(spec: Spec, cands: List[Config], arch: str) -> int:
     """The M from which the heuristic picks a predecode config, by what the
-    fused GEMM among cands pays per decoded tile (hw.Calibration.predecode_m)."""
+    fused GEMM among cands pays per decoded tile (hw.Calibration.predecode_m);
+    for 8-bit activations (sub-byte codes widened to int8: the W8A8 GEMM
+    after) their own threshold."""
     at = hw.calibration(arch).predecode_m
+    if spec.a.dtype in A8_DTYPES:
+        return at["widened_a8"]
     if not any(c.wgmma and not c.predecode and (not c.rs or rs_pickable(spec, arch)) for c in cands):
         return at["no_fused_wgmma"]
     if rs_pickable(spec, arch) and any(c.rs for c in cands):

@@ -19,7 +19,8 @@ def spec(name):
 def test_predecode_stages(name):
     """Decoded weights at large M: the dequant stage of the spec, then the dense
     GEMM of its twin (activation-dtype weights [N, K], no scales); offered from
-    M = 256, picked by the heuristic from `predecode_from`; never for dense weights."""
+    M = 256, picked by the heuristic from `predecode_from`; never for dense weights.
+    (Sub-byte codes widened for 8-bit activations: test_8_bit_codes below.)"""
     s = spec(name)
     decoded = not numerics(s).dense and s.a.dtype in ("float16", "bfloat16")
     assert not any(c.predecode for c in planner.candidates(s, "sm_90", 255, 4096, 4096))
@@ -28,7 +29,7 @@ def test_predecode_stages(name):
     widened = numerics(s).widen and numerics(s).scale_gran != "group" and s.out.dtype != "int32"
     assert bool(pd) == (decoded or widened)
     pick = planner.heuristic(s, "sm_90", 4096, 4096, 4096)
-    assert pick.predecode == decoded
+    assert pick.predecode == (decoded or widened)
     if not decoded:
         return
     (q, dq), (twin, gemm) = planner.stages(s, pick)
@@ -48,8 +49,9 @@ def test_8_bit_codes_predecoded_for_8_bit_activations(monkeypatch):
     the dequant stage (128-deep tiles: 128-byte rows of codes) writes their
     q - z as 8-bit codes, and the dense twin (8-bit weights keeping the scale)
     runs on the 8-bit GEMMs (TMA too); group scales are refused (they apply
-    to partial sums). The heuristic picks none until "predecode" is in
-    hw.Calibration.a8_verified."""
+    to partial sums). The heuristic picks them from
+    hw.Calibration.predecode_m["widened_a8"], and only while "predecode" is
+    in hw.Calibration.a8_verified."""
     for name, gran in (("w4a8_int8", "channel"), ("bitnet_b158_a8", "tensor")):
         s = planner.execution_spec(spec(name), "sm_90")
         pd = [c for c in planner.candidates(s, "sm_90", 4096, 8192, 8192) if c.predecode]
@@ -59,10 +61,12 @@ def test_8_bit_codes_predecoded_for_8_bit_activations(monkeypatch):
         assert planner.geometry(s, dq, "sm_90")["ce"] == 1
         assert twin.b.dtype == "int8" and twin.b.scale == s.b.scale and twin.b.scale.granularity == gran
         assert twin.b.zero.kind == "none" and numerics(twin).dense and twin.name.endswith(gran)
+        start = hw.H200.predecode_m["widened_a8"]
+        assert planner.heuristic(s, "sm_90", start, 8192, 8192).predecode
+        assert not planner.heuristic(s, "sm_90", start - 1, 8192, 8192).predecode
+        unverified = dataclasses.replace(hw.H200, a8_verified=frozenset())
+        monkeypatch.setitem(hw.CALIBRATION, "H200", unverified)
         assert not planner.heuristic(s, "sm_90", 4096, 8192, 8192).predecode
-        verified = dataclasses.replace(hw.H200, a8_verified=frozenset({"predecode"}))
-        monkeypatch.setitem(hw.CALIBRATION, "H200", verified)
-        assert planner.heuristic(s, "sm_90", 4096, 8192, 8192).predecode
         monkeypatch.undo()
     g128 = planner.execution_spec(spec("w4a8_int8_g128"), "sm_90")
     with pytest.raises(planner.PlanError, match="channel or tensor scales"):
