@@ -64,7 +64,7 @@ class Plan:
     variants: Sequence[str] = ()
     repeats: int = DEFAULT_REPEATS
     accuracy: bool = True
-    compile: bool = False           # the decode step through torch.compile (e2e_model.Decoder)
+    compile: bool = True            # the decode step through torch.compile (e2e_model.Decoder)
     load_time: bool = False         # also time a GPTQ checkpoint of the model loading (e2e_load.py)
     seed: int = 0
 

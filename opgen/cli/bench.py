@@ -89,11 +89,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"timed runs per row, the median reported (default {e2e.DEFAULT_REPEATS})")
     e.add_argument("--no-accuracy", action="store_true",
                    help="skip the logits and token-agreement runs")
-    e.add_argument("--compile", action="store_true",
-                   help="the decode step through torch.compile (Inductor, whole graph) before "
-                        "its CUDA graph capture, as static-cache serving runs it (transformers' "
-                        "norm, rotary and attention kernels fused); one compile per variant "
-                        "and batch")
+    e.add_argument("--no-compile", action="store_true",
+                   help="the decode step as transformers runs it eagerly (captured as it is), "
+                        "instead of through torch.compile (Inductor, whole graph: transformers' "
+                        "norm, rotary and attention kernels fused, as static-cache serving runs "
+                        "it; one compile per variant and batch)")
     e.add_argument("--load-time", action="store_true",
                    help="also write the model as a GPTQ checkpoint and time a fresh process "
                         "loading it to a model ready to decode")
@@ -112,7 +112,7 @@ def command_line(args: argparse.Namespace) -> str:
 KERNEL_ONLY = ("quick", "specs", "shapes", "Ms", "peers", "no_db", "db", "no_verify", "no_graph",
                "no_pdl")
 E2E_ONLY = ("model", "layers", "batches", "prompt", "new_tokens", "variants", "repeats", "no_accuracy",
-            "compile", "load_time")
+            "no_compile", "load_time")
 
 
 def _given(args: argparse.Namespace, names) -> List[str]:
@@ -138,7 +138,7 @@ def e2e_plan(args: argparse.Namespace) -> e2e.Plan:
                     prompt=args.prompt or e2e.DEFAULT_PROMPT,
                     new_tokens=args.new_tokens or e2e.DEFAULT_NEW_TOKENS, variants=variants,
                     repeats=args.repeats or e2e.DEFAULT_REPEATS, accuracy=not args.no_accuracy,
-                    compile=args.compile, load_time=args.load_time, seed=args.seed)
+                    compile=not args.no_compile, load_time=args.load_time, seed=args.seed)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -15,6 +15,10 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA bu
 
 
 def plan(variants, batches=(1, 2), **kw):
+    # Eager unless a test asks: the run's logic is the same either way, and
+    # Inductor's compile of each row would dominate the CPU tests (the
+    # compiled step itself: test_bench_e2e_model.py).
+    kw.setdefault("compile", False)
     return e2e.Plan("tiny", TINY, "test", batches=batches, prompt=6, new_tokens=4, repeats=2,
                     variants=variants, **kw)
 
@@ -109,9 +113,9 @@ def test_results_so_far_after_each_row(tmp_path):
 def test_gpu_a_tiny_model_end_to_end(tmp_path):
     variants = ("fp16", "opgen:w4a16_sym_g128", "opgen:bnb_nf4", "opgen:w8a8_int8", "torch_int4",
                 "gemlite_w4")
-    rc = e2e.main(plan(variants, batches=(1, 16)), tmp_path, "cmd")
+    rc = e2e.main(plan(variants, batches=(1, 16), compile=True), tmp_path, "cmd")
     out = json.loads((tmp_path / "e2e.json").read_text())
-    assert out["plan"]["graph"] is True
+    assert out["plan"]["graph"] is True and out["plan"]["compile"] is True
     for r in out["rows"]:
         if r["variant"] == "gemlite_w4" and (r["error"] or "").startswith("skipped:"):
             continue

@@ -57,11 +57,11 @@ def test_e2e_plan_defaults_and_choices():
     p = cli_bench.e2e_plan(parse(["--e2e", "--out", "x"]))
     assert p.model == e2e.DEFAULT_MODEL and p.config["hidden_size"] == 4096
     assert (tuple(p.batches), p.prompt, p.new_tokens) == (e2e.DEFAULT_BATCHES, 128, 64)
-    assert tuple(p.variants) == DEFAULT_VARIANTS and p.accuracy and not p.load_time and not p.compile
+    assert tuple(p.variants) == DEFAULT_VARIANTS and p.accuracy and not p.load_time and p.compile
     p = cli_bench.e2e_plan(parse(["--e2e", "--out", "x", "--layers", "2", "--batches", "1,4",
                                   "--variants", "fp16,opgen:bnb_nf4", "--no-accuracy",
-                                  "--new-tokens", "8", "--prompt", "16", "--load-time", "--compile"]))
-    assert p.config["num_hidden_layers"] == 2 and list(p.batches) == [1, 4] and p.compile
+                                  "--new-tokens", "8", "--prompt", "16", "--load-time", "--no-compile"]))
+    assert p.config["num_hidden_layers"] == 2 and list(p.batches) == [1, 4] and not p.compile
     assert list(p.variants) == ["fp16", "opgen:bnb_nf4"] and not p.accuracy and p.load_time
     assert (p.prompt, p.new_tokens) == (16, 8)
 
