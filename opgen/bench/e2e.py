@@ -6,7 +6,8 @@ specs, the torch int4 and gemlite peers) its decoder's linear layers are
 swapped for the variant's (lm_head stays fp16). For each batch size:
 
 * Speed: the prompts (random tokens, prompt_len each) are prefilled, then
-  new_tokens - 1 greedy decode steps run, one step captured in a CUDA graph
+  new_tokens - 1 greedy decode steps run, one step compiled by
+  torch.compile (unless plan.compile is off) and captured in a CUDA graph
   (static KV cache), timed with CUDA events; the median over `repeats` runs
   gives ms per step and tokens/s (batch / step time), and the speedup over
   fp16 at the same batch.
@@ -139,6 +140,9 @@ class Bench:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         self.graph = self.device.type == "cuda"
+        # On the CPU the run is for tests of its logic: eager, as the graphs
+        # (Inductor's CPU compile of every row would be most of its time).
+        self.compile = plan.compile and self.graph
         self.clock = Clock(torch, self.device)
         t = time.perf_counter()
         self.model = build_model(plan.config, self.device, torch.float16, plan.seed)
@@ -154,12 +158,9 @@ class Bench:
     def decode_time(self, B: int, row: Row) -> None:
         """Time the model as it is at batch B into row."""
         plan, prompt = self.plan, self.prompts[B]
-        dec = Decoder(self.model, B, plan.prompt, plan.new_tokens, compile=plan.compile)
+        dec = Decoder(self.model, B, plan.prompt, plan.new_tokens, compile=self.compile)
         if self.graph:
             dec.capture(prompt)                 # (compiles in its warm-up steps)
-        elif plan.compile:
-            dec.prefill(prompt)                 # compile outside the timed runs
-            dec.step()
         row.graph = self.graph
         steps, prefill = [], []
         for _ in range(plan.repeats):
@@ -337,7 +338,7 @@ def run(plan: Plan, log: Callable[[str], None] = _log, workers: Optional[int] = 
         "plan": {"model": plan.model, "source": plan.source, "batches": list(plan.batches),
                  "prompt": plan.prompt, "new_tokens": plan.new_tokens, "repeats": plan.repeats,
                  "variants": list(plan.variants), "seed": plan.seed, "graph": bench.graph,
-                 "compile": plan.compile},
+                 "compile": bench.compile},
         "model": {"layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size,
                   "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
                   "linear_layers": len(bench.names)},
