@@ -2,7 +2,7 @@
 `opgen bench --e2e`'s model, by total time, under torch.profiler (CUPTI
 traces the kernels a graph replay launches).
 
-    python3 bench/profile_step.py --variants fp16,opgen:w4a16_sym_g128 --batch 1 [--compile]
+    python3 bench/profile_step.py --variants fp16,opgen:w4a16_sym_g128 --batch 1 [--no-compile]
 
 Per variant: the step's median time by CUDA events, and a table of kernel
 names (cut to 60 characters) with their count and time per step, largest
@@ -63,7 +63,8 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--variants", default="fp16,no_linear,opgen:w4a16_sym_g128")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--compile", action="store_true", help="the decode step through torch.compile")
+    p.add_argument("--no-compile", action="store_true",
+                   help="the decode step eager (default: through torch.compile, as opgen bench --e2e)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args(argv)
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     config, _ = em.model_config(args.model, args.layers)
     model = em.build_model(config, "cuda", torch.float16)
     for name in args.variants.split(","):
-        profile(name, model, args.batch, args.compile, args.steps, args.top)
+        profile(name, model, args.batch, not args.no_compile, args.steps, args.top)
     return 0
 
 
