@@ -38,6 +38,8 @@
 #   bash bench/gpu_run.sh probe                    bench/wgmma_probe.py -> wgmma_probe.json, .txt
 #   bash bench/gpu_run.sh e2e [E2E_ARGS...]        opgen bench --e2e (Llama-3-8B shape, random
 #                                                  weights) into $OUT/e2e: e2e.json, e2e.md, e2e.png
+#                                                  (the default variants outrun one T_E2E: give
+#                                                  each call some, --variants A,B)
 #   bash bench/gpu_run.sh memcheck [PYTEST_ARGS...] compute-sanitizer memcheck of one config of
 #                                                  each kernel kind per spec at odd tails
 #                                                  (test_kernel.py -k memcheck; compiled first,

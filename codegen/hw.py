@@ -156,9 +156,9 @@ class Calibration:
     # (the tuner times every one, and keeps only those it verified).
     rs_verified: FrozenSet[str]
     # The kernels of 8-bit activations checked against the reference on this
-    # device, by kind: "predecode" (sub-byte codes widened once into 8-bit
-    # ones). The heuristic picks no other (the tuner times every one, and
-    # keeps only those it verified).
+    # device, by kind and activation dtype: "predecode/int8" (sub-byte codes
+    # widened once into int8 ones for int8 activations). The heuristic picks
+    # no other (the tuner times every one, and keeps only those it verified).
     a8_verified: FrozenSet[str] = frozenset()
     # Up to which M the heuristic takes a GEMV (activations staged as fp16
     # values) for 8-bit activations and sub-byte codes, checked against the
@@ -218,12 +218,14 @@ H200 = Calibration(
     # other decoded formats the fused GEMM still wins at 256 and predecode
     # from 512; the rs GEMM (4-bit codes in the interleaved order) beat
     # predecode at M = 1024 at all five bench shapes; sub-byte codes widened
-    # for 8-bit activations (w4a8_int8, bitnet_b158_a8, 8192^2, H100): the
-    # predecode TMA GEMM 141.7 / 433.7 us and 133.8 / 424.0 against the
-    # widened GEMM's 148.2 / 577.9 and 133.5 / 495.3 at M = 1024 / 4096.
+    # to int8 for int8 activations (w4a8_int8, bitnet_b158_a8, 8192^2, H100):
+    # the predecode TMA GEMM 141.7 / 433.7 us and 133.8 / 424.0 against the
+    # widened GEMM's 148.2 / 577.9 and 133.5 / 495.3 at M = 1024 / 4096: a
+    # tie at 1024, so from the bucket above it (the runtime asks a bucket's
+    # largest M: 1024 would take M = 513-1024 too).
     # Source: docs/performance.md#predecode
     predecode_m={"no_fused_wgmma": 256, "zero_points": 256, "other": 512, "rs_gemm": 2048,
-                 "widened_a8": 1024},
+                 "widened_a8": 2048},
     # The most ptxas gave w4a16_sym over blocks, ring depths and k-groups
     # (tests/codegen/test_compiler.py keeps these upper bounds true).
     # Source: docs/performance.md#rs-gemm
@@ -327,10 +329,11 @@ H200 = Calibration(
     # A8 specs run the same GEMV with other scales, untimed.)
     # Source: docs/performance.md#widened-codes-8-bit-activations
     a8_gemv_max_m=1,
-    # A8 predecode matched the reference at M = 300 / 1000 with tails (H100)
-    # and in every sweep row; timed: predecode_m["widened_a8"].
+    # A8 predecode of int8 activations matched the reference at M = 300 /
+    # 1000 with tails (H100) and in every sweep and bench row; timed:
+    # predecode_m["widened_a8"]. (e4m3 activations: neither checked nor timed.)
     # Source: docs/performance.md#widened-codes-8-bit-activations
-    a8_verified=frozenset({"predecode"}),
+    a8_verified=frozenset({"predecode/int8"}),
     # fp8 W8A8 (H200, 8192^2, M = 4096): 471 vs 530 us (1.12x); H100 1.07x
     # and 1.16x at M = 1024 and 4096; bit for bit the one-set kernel's output.
     # (Untimed below M = 1024: a block's k-loop is the same at any M.)

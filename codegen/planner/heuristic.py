@@ -34,14 +34,14 @@ def a8_pickable(spec: Spec, cfg: Config, arch: str, M: int) -> bool:
     cal = hw.calibration(arch)
     if cfg.family == "gemv":
         return weight_code(spec.b).bits < 8 and M <= cal.a8_gemv_max_m
-    return not cfg.predecode or "predecode" in cal.a8_verified
+    return not cfg.predecode or f"predecode/{spec.a.dtype}" in cal.a8_verified
 
 
 def predecode_from(spec: Spec, cands: List[Config], arch: str) -> int:
     """The M from which the heuristic picks a predecode config, by what the
     fused GEMM among cands pays per decoded tile (hw.Calibration.predecode_m);
-    for 8-bit activations (sub-byte codes widened to int8: the W8A8 GEMM
-    after) their own threshold."""
+    for 8-bit activations (sub-byte codes widened to 8-bit ones: the W8A8
+    GEMMs after) their own threshold."""
     at = hw.calibration(arch).predecode_m
     if spec.a.dtype in A8_DTYPES:
         return at["widened_a8"]

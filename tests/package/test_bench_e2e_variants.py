@@ -154,7 +154,7 @@ def test_gpu_each_layer_computes_with_the_weight_it_reports(name):
 def test_no_linear_keeps_its_input_computed_under_compile():
     """Inductor drops work whose result nothing reads: the no_linear layer's
     op must read its input, so the norm before a linear layer stays in the
-    compiled step (torch.empty in forward let it go, and --compile's
+    compiled step (torch.empty in forward let it go, and the compiled step's
     no_linear timed the step without its norms)."""
     from torch._inductor.utils import run_and_get_code
     mod, _ = ev.variant("no_linear").layer(linear(N=48, K=256))

@@ -50,8 +50,9 @@ def test_8_bit_codes_predecoded_for_8_bit_activations(monkeypatch):
     q - z as 8-bit codes, and the dense twin (8-bit weights keeping the scale)
     runs on the 8-bit GEMMs (TMA too); group scales are refused (they apply
     to partial sums). The heuristic picks them from
-    hw.Calibration.predecode_m["widened_a8"], and only while "predecode" is
-    in hw.Calibration.a8_verified."""
+    hw.Calibration.predecode_m["widened_a8"], and only for the activation
+    dtypes checked on the device ("predecode/int8" in
+    hw.Calibration.a8_verified: e4m3 activations widened alike are not)."""
     for name, gran in (("w4a8_int8", "channel"), ("bitnet_b158_a8", "tensor")):
         s = planner.execution_spec(spec(name), "sm_90")
         pd = [c for c in planner.candidates(s, "sm_90", 4096, 8192, 8192) if c.predecode]
@@ -68,6 +69,12 @@ def test_8_bit_codes_predecoded_for_8_bit_activations(monkeypatch):
         monkeypatch.setitem(hw.CALIBRATION, "H200", unverified)
         assert not planner.heuristic(s, "sm_90", 4096, 8192, 8192).predecode
         monkeypatch.undo()
+    # e4m3 activations with a channel scale: predecode candidates, never picked
+    fp8 = spec("w4a8_fp8")
+    fp8 = dataclasses.replace(fp8, b=dataclasses.replace(fp8.b, scale=spec("w4a8_int8").b.scale))
+    fp8 = planner.execution_spec(fp8, "sm_90")
+    assert any(c.predecode for c in planner.candidates(fp8, "sm_90", 4096, 8192, 8192))
+    assert not planner.heuristic(fp8, "sm_90", 4096, 8192, 8192).predecode
     g128 = planner.execution_spec(spec("w4a8_int8_g128"), "sm_90")
     with pytest.raises(planner.PlanError, match="channel or tensor scales"):
         planner.geometry(g128, planner.DEQUANT_8BIT, "sm_90")

@@ -161,12 +161,14 @@ def test_rs_tiles_fill_a_wave_on_narrow_layers():
 
 @pytest.mark.parametrize("name,start", [("awq_w4a16_g128", 256), ("gptq_v2_w4a16_g128", 256),
                                         ("w1a16_g128", 2048), ("bnb_nf4", 2048), ("mxfp4", 2048),
-                                        ("w4a16_sym_g128", 2048), ("gptq_v2_w4a16_g128_repacked", 2048)])
+                                        ("w4a16_sym_g128", 2048), ("gptq_v2_w4a16_g128_repacked", 2048),
+                                        ("w4a8_int8", 2048), ("bitnet_b158_a8", 2048)])
 def test_predecode_from(name, start):
     """The measured thresholds (docs/performance.md#predecode): no fused wgmma
     (AWQ, GPTQ as stored) or per-group zero points from 256, the rs GEMM's
     specs from 2048 (every float16 decoding since they all ran on the
-    device), the rest from 512."""
+    device), sub-byte codes widened for 8-bit activations from 2048 too (a
+    tie at 1024), the rest from 512."""
     s = spec(name)
     assert planner.predecode_from(s, planner.candidates(s, "sm_90", 1024, 8192, 8192), "sm_90") == start
 
