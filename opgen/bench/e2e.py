@@ -140,7 +140,7 @@ class Bench:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         self.graph = self.device.type == "cuda"
-        # On the CPU the run is for tests of its logic: eager, as the graphs
+        # On the CPU the run tests its own logic: eager and uncaptured
         # (Inductor's CPU compile of every row would be most of its time).
         self.compile = plan.compile and self.graph
         self.clock = Clock(torch, self.device)
