@@ -298,8 +298,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
             want = want_blocks if M == 1 else sms
             tiles = n_blocks // c.split_k
             short_k = K // c.BK <= 64
-            if (tiles >= 0.8 * sms or (M > 1 and tiles >= sms / 3 and short_k)
-                    or (M > 1 and n_blocks >= 0.8 * sms)):
+            if tiles >= 0.8 * sms or (M > 1 and (n_blocks >= 0.8 * sms or (tiles >= sms / 3 and short_k))):
                 n_blocks = want
         return (0 if deep else -min(n_blocks, want), round(waste, 1), -c.BM,
                 c.BN != (wide if c.wgmma else 128), c.split_k, -c.BK if small else 0,
