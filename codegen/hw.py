@@ -202,6 +202,14 @@ class Calibration:
     # Code kinds (lower.Numerics.code_kind) whose row GEMV runs faster
     # without prefetching its next run of 16-byte vectors.
     gemv_no_prefetch: FrozenSet[str] = frozenset()
+    # Sub-byte codes widened for 8-bit activations (lower.Numerics.widen):
+    # up to this M the heuristic takes the whole-K GEMM tile by waves x a
+    # block's work, as the tuned winners had it (planner.heuristic's
+    # widened tile score); 0: the decoded-weight GEMM rules.
+    widened_waves_max_m: int = 0
+    # What widening one weight row costs such a block, in rows of M it
+    # multiplies that row by.
+    widened_decode_rows: int = 64
 
 
 H200 = Calibration(
@@ -329,6 +337,21 @@ H200 = Calibration(
     # A8 specs run the same GEMV with other scales, untimed.)
     # Source: docs/performance.md#widened-codes-8-bit-activations
     a8_gemv_max_m=1,
+    # w4a8_int8 and bitnet_b158_a8 at 4096^2, 8192^2 and 28672 x 8192, M =
+    # 16-256, tuned on an empty DB (H100, same SM count): the winners were
+    # whole-K tiles at every M from 17 (wgmma ones in 11 of 12 buckets to
+    # 64), 64 x 64 where it fills a wave and taller or wider tiles where
+    # they fill as many; the split-K GEMMs picked before took a median
+    # 1.53x their time, worst 2.42x (4096^2, M = 128: 38.9 vs 16.1 us).
+    # At M = 9-16 the 16-row tiles over the whole K where they fill 0.8 of
+    # a wave (28672 x 8192: split two ways before, 1.6x the winner's time).
+    # Timed as picked (105 buckets, two shapes never tuned): median 1.00x
+    # at M = 17-256, worst 1.25x. Source: docs/performance.md#heuristic
+    widened_waves_max_m=256,
+    # Those records' tiles follow from any cost of 22 rows and more (below,
+    # 28672 x 8192 at M = 128 took 64-row tiles, where 128-row ones won);
+    # as the rs GEMM's. Source: docs/performance.md#heuristic
+    widened_decode_rows=64,
     # A8 predecode of int8 activations matched the reference at M = 300 /
     # 1000 with tails (H100) and in every sweep and bench row; timed:
     # predecode_m["widened_a8"]. (e4m3 activations: neither checked nor timed.)

@@ -3,6 +3,7 @@ fitted to measurements on the H200 (docs/performance.md#heuristic); the
 tuner replaces its picks per shape."""
 from __future__ import annotations
 
+import dataclasses
 from typing import FrozenSet, List, Optional, Tuple
 
 from .. import hw
@@ -105,6 +106,33 @@ def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, deep: bool)
         kgroups, stages = (2, 6) if c.BM >= 128 else (2, 8)
     return (-(-blocks // sms) * c.BN * (decode_rows + c.BM), -c.BM, -c.BN, not c.pair_table,
             c.BK != bk, c.kgroups != kgroups, c.stages != stages)
+
+
+def _widened_score(c: Config, M: int, N: int, sms: int, decode_rows: int) -> tuple:
+    """Sub-byte codes widened for 8-bit activations, M = 17 up to
+    hw.Calibration.widened_waves_max_m: waves of blocks times one block's
+    work (BN weight rows widened, decode_rows' worth, and multiplied by BM
+    activation rows); then the tallest tile and, of equal scores, the
+    winners' tiles (H100 tuning, docs/performance.md#heuristic): at most two
+    blocks per SM (3.4 waves of 64 x 64 lost to 1.7 of 64 x 128), 256 wide
+    at 128 rows, the most blocks (two 64 x 64 per SM beat one 64 x 128);
+    then the deepest ring and k-steps."""
+    blocks = -(-N // c.BN) * -(-M // c.BM)
+    return (-(-blocks // sms) * c.BN * (decode_rows + c.BM), -c.BM, blocks > 2 * sms,
+            c.BM == 128 and c.BN != 256, -blocks, -c.stages, -c.BK, c.min_blocks != 1)
+
+
+def _widened_split(pick: Config, wg: List[Config], M: int, N: int, K: int, sms: int) -> Config:
+    """pick split along K where its tiles fill under half a wave: the most
+    slices up to two blocks per SM, each slice at least 24 k-tiles deep
+    (4096 x 14336, M = 32 / 64: 4-way splits won by 1.51x / 1.26x, H100;
+    4096^2 kept the whole K, 32 k-tiles deep: docs/performance.md#heuristic)."""
+    tiles = -(-N // pick.BN) * -(-M // pick.BM)
+    if 2 * tiles > sms:
+        return pick
+    splits = [c for c in wg if c == dataclasses.replace(pick, split_k=c.split_k)
+              and tiles * c.split_k <= 2 * sms and K // (c.BK * c.split_k) >= 24]
+    return max(splits, key=lambda c: c.split_k, default=pick)
 
 
 def _rs_pick(rs: List[Config], kind: str, M: int, N: int, sms: int, cal: hw.Calibration) -> Config:
@@ -211,6 +239,17 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
         cands = pd
     else:
         cands = [c for c in cands if not c.predecode]
+    # Sub-byte codes widened for 8-bit activations, M = 17 to
+    # widened_waves_max_m: the cp.async wgmma GEMM over the whole K, its
+    # tile by waves (the split-K picks of the rules below took a median
+    # 1.53x the tuned winners' time: docs/performance.md#heuristic).
+    widened = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).widen
+    if widened and 16 < M <= cal.widened_waves_max_m:
+        wg = [c for c in cands if c.wgmma and not (c.tma or c.rs or c.predecode)]
+        whole = [c for c in wg if c.split_k == 1]
+        if whole:
+            pick = min(whole, key=lambda c: _widened_score(c, M, N, sms, cal.widened_decode_rows))
+            return _widened_split(pick, wg, M, N, K, sms)
     # The TMA GEMM (dense operands, and predecode's dense half; a candidate
     # from M = 9, where 64-row tiles are) won every bucket it was in in the
     # tuning logs (1.1-2x over the cp.async wgmma pick): tiles as the
@@ -281,7 +320,9 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
         # docs/performance.md#gemm).
         deep = dense and c.wgmma
         want, n_blocks = want_blocks, blocks(spec, c, M, N)
-        # Dense operands up to M = 16 (mma.sync): the whole K once the tiles
+        # Dense operands up to M = 16 (mma.sync), and sub-byte codes widened
+        # for 8-bit activations (their winners at M = 16, three shapes, H100:
+        # docs/performance.md#heuristic): the whole K once the tiles
         # alone fill 0.8 of a wave, or (M = 2-16) a third of one with up to
         # 64 k-steps, else split-K to about two waves (M = 1) or one (0.8 of
         # one counts as full); the deepest pipeline over the widest k-steps.
@@ -291,12 +332,16 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
         # 4-way at 6144 x 4096, H100), split two ways on 64 tiles of 224
         # (8192 x 28672, every dense spec); the winners' k-tiles 128 deep,
         # 4-5 stages: docs/performance.md#heuristic.
-        small = dense and M <= 16 and not c.wgmma
+        # Widened codes only where the tiles alone fill 0.8 of a wave (else
+        # split-K as below: at 8192^2, M = 16, the third-of-a-wave whole K
+        # took 1.37x the 4-way split's time, H100).
+        tiles = n_blocks // c.split_k
+        small = M <= 16 and not c.wgmma and (dense or (widened and cal.widened_waves_max_m > 0
+                                                       and tiles >= 0.8 * sms))
         if small:
             # (one target for every candidate, so that a narrower tile that
             # fills the device ties with a 128-wide one and loses on BN)
             want = want_blocks if M == 1 else sms
-            tiles = n_blocks // c.split_k
             short_k = K // c.BK <= 64
             if tiles >= 0.8 * sms or (M > 1 and (n_blocks >= 0.8 * sms or (tiles >= sms / 3 and short_k))):
                 n_blocks = want

@@ -244,3 +244,30 @@ def test_pair_tables_where_verified(monkeypatch):
             plain = planner.heuristic(s, "sm_90", M, 8192, 8192)
             assert not plain.pair_table and (plain.BM, plain.BN) == (c.BM, c.BN), (name, M, plain.name)
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("name", ["w4a8_int8", "bitnet_b158_a8", "w4a8_fp8"])
+def test_widened_codes_take_the_tuned_winners_tiles(name, monkeypatch):
+    """Sub-byte codes widened for 8-bit activations (H100 tuning on an empty
+    DB, hw.H200.widened_waves_max_m): from M = 17 the whole-K wgmma tile by
+    waves (64 x 64 where it fills a wave, 64 x 128 and 128 x 256 on the
+    28672-row layer, 128 x 128 at 8192^2, M = 256), split along K only on
+    grids under half a wave with 24+ k-tiles a slice (4096 x 14336); at
+    M = 9-16 the whole K where the 16-row tiles fill the device, else
+    split-K; with the rule off, the split-K GEMMs of decoded weights."""
+    s = planner.execution_spec(load_spec(shipped_specs()[name]), "sm_90")
+    want = {(8192, 8192, 64): "gemm_64x64x128_w64x64_p5_s1_wg",
+            (4096, 4096, 128): "gemm_64x64x128_w64x64_p5_s1_wg",
+            (8192, 8192, 256): "gemm_128x128x128_w64x128_p5_s1_wg",
+            (28672, 8192, 64): "gemm_64x128x128_w64x128_p5_s1_wg",
+            (28672, 8192, 128): "gemm_128x256x128_w64x256_p5_s1_wg",
+            (4096, 14336, 64): "gemm_64x64x128_w64x64_p5_s4_wg",
+            (4096, 4096, 32): "gemm_64x64x128_w64x64_p5_s1_wg",
+            (28672, 8192, 16): "gemm_16x128x128_w16x32_p5_s1"}
+    for (N, K, M), config in want.items():
+        if config in {c.name for c in planner.candidates(s, "sm_90", M, N, K)}:   # (e4m3: no 128 x 256)
+            assert planner.heuristic(s, "sm_90", M, N, K).name == config, (N, K, M)
+    assert planner.heuristic(s, "sm_90", 16, 8192, 8192).split_k > 1
+    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, widened_waves_max_m=0))
+    assert planner.heuristic(s, "sm_90", 64, 8192, 8192).split_k > 1
+    assert planner.heuristic(s, "sm_90", 16, 28672, 8192).split_k > 1
