@@ -164,6 +164,9 @@ class Calibration:
     # values) for 8-bit activations and sub-byte codes, checked against the
     # reference and timed on this device; 0: none (the tuner's to time).
     a8_gemv_max_m: int = 0
+    # The largest (N, K) on which the heuristic takes the GEMV of int8 codes
+    # with int8 activations at M = 1; (0, 0): none.
+    a8_gemv_int8_max_nk: Tuple[int, int] = (0, 0)
     # Whether the TMA GEMM's in-flight sums (Config.inflight_sums) were
     # checked against the reference and timed faster than the one-set
     # kernel on this device: until then the heuristic picks the one-set
@@ -322,9 +325,11 @@ H200 = Calibration(
     # 39.7 either way). Source: docs/performance.md#heuristic
     rs_deep_kgroups=frozenset({"table_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16"}),
     # At M = 1 on 1024-row layers (6-8 warps per SM unsplit) the whole-K GEMV
-    # beat the split-in-two one by 1.49-1.56x (4 records: H200 and H100).
-    # Source: docs/performance.md#heuristic
-    gemv_split_fill_warps=6,
+    # beat the split-in-two one by 1.49-1.56x (4 records: H200 and H100), and
+    # on 512-row ones (about 4 warps per SM) by 1.42-1.66x (6 records, four
+    # formats, H100: Qwen2.5-7B's k / v and gpt-oss-20b's), so no split-K
+    # row GEMV counts as fuller. Source: docs/performance.md#heuristic
+    gemv_split_fill_warps=3,
     # NF4 (codebook lookups) at M = 1: w8 c4 v16 s1 23.5 us without
     # prefetch, 27.5 with (13824 x 5120, H100); the H200's NF4 winners at
     # M = 1 all without it (7 shapes).
@@ -337,6 +342,13 @@ H200 = Calibration(
     # A8 specs run the same GEMV with other scales, untimed.)
     # Source: docs/performance.md#widened-codes-8-bit-activations
     a8_gemv_max_m=1,
+    # W8A8 at M = 1: the GEMV of int8 codes won at 1024 x 4096, 4096^2 and
+    # 6144 x 4096 on the H200 (1.19-1.34x over the GEMM picked) and at every
+    # layer of K = 3584 on an H100 (Qwen2.5-7B, 1.09-1.51x); the GEMM won at
+    # 14336 and 28672 x 4096, 8192^2 and every K >= 14336 (H200) and at
+    # 3584 x 18944 (H100). (fp8 codes: their GEMV lost at 4096^2, H200.)
+    # Source: docs/performance.md#heuristic
+    a8_gemv_int8_max_nk=(6144, 4096),
     # w4a8_int8 and bitnet_b158_a8 at 4096^2, 8192^2 and 28672 x 8192, M =
     # 16-256, tuned on an empty DB (H100, same SM count): the winners were
     # whole-K tiles at every M from 17 (wgmma ones in 11 of 12 buckets to

@@ -23,18 +23,22 @@ def rs_pickable(spec: Spec, arch: str) -> bool:
     return kernel_class(spec, arch) in hw.calibration(arch).rs_verified
 
 
-def a8_pickable(spec: Spec, cfg: Config, arch: str, M: int) -> bool:
+def a8_pickable(spec: Spec, cfg: Config, arch: str, M: int, N: int, K: int) -> bool:
     """Whether the heuristic may pick cfg at M for its activations: for
-    8-bit activations a GEMV only of sub-byte codes up to
-    hw.Calibration.a8_gemv_max_m (of 8-bit codes no faster than the GEMM at
-    M = 1: docs/performance.md#widened-codes-8-bit-activations), a predecode
-    config only once checked on the device (hw.Calibration.a8_verified); the
-    others are the tuner's to time."""
+    8-bit activations a GEMV of sub-byte codes up to
+    hw.Calibration.a8_gemv_max_m, of int8 codes at M = 1 on layers up to
+    hw.Calibration.a8_gemv_int8_max_nk (larger ones: the GEMM won), a
+    predecode config only once checked on the device
+    (hw.Calibration.a8_verified); the others are the tuner's to time
+    (docs/performance.md#widened-codes-8-bit-activations)."""
     if spec.a.dtype not in A8_DTYPES:
         return True
     cal = hw.calibration(arch)
     if cfg.family == "gemv":
-        return weight_code(spec.b).bits < 8 and M <= cal.a8_gemv_max_m
+        if weight_code(spec.b).bits < 8:
+            return M <= cal.a8_gemv_max_m
+        max_n, max_k = cal.a8_gemv_int8_max_nk
+        return spec.b.dtype == "int8" and M == 1 and N <= max_n and K <= max_k
     return not cfg.predecode or f"predecode/{spec.a.dtype}" in cal.a8_verified
 
 
@@ -183,7 +187,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     cal = hw.calibration(arch)
     kind = kernel_class(spec, arch)
     cands = [c for c in candidates(spec, arch, M, N, K, sms)
-             if c not in exclude and (pick_rs or not c.rs) and a8_pickable(spec, c, arch, M)
+             if c not in exclude and (pick_rs or not c.rs) and a8_pickable(spec, c, arch, M, N, K)
              and (cal.inflight_sums_verified or not c.inflight_sums)
              and (not c.pair_table or M <= cal.rs_pair_tables.get(kind, 0))]
     if not cands:

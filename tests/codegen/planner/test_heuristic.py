@@ -127,12 +127,14 @@ def test_nf4_rs_tiles_as_its_winners_had_them():
 
 
 def test_decode_gemv_splits_k_only_for_starved_grids():
-    """M = 1, weights [N, K]: a 1024-row layer's GEMV runs whole-K (split in
-    two it took 1.49-1.56x longer in four tuned records); wide layers
-    were never split; the column GEMV of weights stored [K, N] still splits
-    (its winners split K 2-16 ways)."""
+    """M = 1, weights [N, K]: 1024- and 512-row layers' GEMVs run whole-K
+    (split in two they took 1.42-1.66x longer in ten tuned records); wide
+    layers were never split; the column GEMV of weights stored [K, N] still
+    splits (its winners split K 2-16 ways)."""
     s = spec("w4a16_sym_g128")
     assert planner.heuristic(s, "sm_90", 1, 1024, 4096, sms=132).split_k == 1
+    for name in ("w4a16_sym_g128", "bnb_nf4", "mxfp4", "w8a8_int8"):
+        assert planner.heuristic(spec(name), "sm_90", 1, 512, 3584, sms=132).split_k == 1, name
     assert planner.heuristic(s, "sm_90", 1, 8192, 8192, sms=132).split_k == 1
     assert planner.heuristic(spec("gptq_v2_w4a16_g128"), "sm_90", 1, 8192, 8192, sms=132).split_k > 1
 
@@ -208,10 +210,19 @@ def test_8_bit_activation_gemvs_only_where_they_won(monkeypatch):
         monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, a8_gemv_max_m=0))
         assert planner.heuristic(s, "sm_90", 1, 8192, 8192).family == "gemm"
         monkeypatch.undo()
-    # 8-bit codes: the GEMM (their GEMV was no faster at M = 1)
+    # int8 codes: the GEMV at M = 1 on layers up to a8_gemv_int8_max_nk
+    # (6144 x 4096), the GEMM on larger ones, for fp8 codes and from M = 2
     w8a8 = spec("w8a8_int8")
     assert any(c.family == "gemv" for c in planner.candidates(w8a8, "sm_90", 1, 8192, 8192))
     assert planner.heuristic(w8a8, "sm_90", 1, 8192, 8192).family == "gemm"
+    for N, K in ((1024, 4096), (4096, 4096), (6144, 4096), (512, 3584)):
+        assert planner.heuristic(w8a8, "sm_90", 1, N, K).family == "gemv", (N, K)
+        assert planner.heuristic(w8a8, "sm_90", 2, N, K).family == "gemm", (N, K)
+    for N, K in ((14336, 4096), (4096, 14336), (6144, 5120)):
+        assert planner.heuristic(w8a8, "sm_90", 1, N, K).family == "gemm", (N, K)
+    assert planner.heuristic(spec("fp8_e4m3_w8a8"), "sm_90", 1, 4096, 4096).family == "gemm"
+    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, a8_gemv_int8_max_nk=(0, 0)))
+    assert planner.heuristic(w8a8, "sm_90", 1, 4096, 4096).family == "gemm"
 
 
 def test_inflight_sums_where_verified(monkeypatch):
