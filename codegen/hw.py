@@ -205,10 +205,11 @@ class Calibration:
     # Code kinds (lower.Numerics.code_kind) whose row GEMV runs faster
     # without prefetching its next run of 16-byte vectors.
     gemv_no_prefetch: FrozenSet[str] = frozenset()
-    # Sub-byte codes widened for 8-bit activations (lower.Numerics.widen):
-    # up to this M the heuristic takes the whole-K GEMM tile by waves x a
-    # block's work, as the tuned winners had it (planner.heuristic's
-    # widened tile score); 0: the decoded-weight GEMM rules.
+    # Sub-byte codes widened for 8-bit activations (lower.Numerics.widen),
+    # on wgmma arches: from M = 17 up to this M the heuristic takes the
+    # whole-K GEMM tile by waves x a block's work, and at M = 2-16 whole-K
+    # 16-row tiles where they fill the SMs, as the tuned winners had them
+    # (planner.heuristic); 0: neither (the decoded-weight GEMM rules).
     widened_waves_max_m: int = 0
     # What widening one weight row costs such a block, in rows of M it
     # multiplies that row by.
@@ -355,10 +356,10 @@ H200 = Calibration(
     # 64), 64 x 64 where it fills a wave and taller or wider tiles where
     # they fill as many; the split-K GEMMs picked before took a median
     # 1.53x their time, worst 2.42x (4096^2, M = 128: 38.9 vs 16.1 us).
-    # At M = 9-16 the 16-row tiles over the whole K where they fill 0.8 of
-    # a wave (28672 x 8192: split two ways before, 1.6x the winner's time).
-    # Timed as picked (105 buckets, two shapes never tuned): median 1.00x
-    # at M = 17-256, worst 1.25x. Source: docs/performance.md#heuristic
+    # At M = 2-16 the 16-row tiles over the whole K where they fill 0.8 of
+    # a wave (28672 x 8192: split two ways before, 1.6x the winner's time at
+    # M = 16). Timed as picked (105 buckets, five shapes, three specs):
+    # median 1.00x at M = 17-256, worst 1.25x. Source: docs/performance.md#heuristic
     widened_waves_max_m=256,
     # Those records' tiles follow from any cost of 22 rows and more (below,
     # 28672 x 8192 at M = 128 took 64-row tiles, where 128-row ones won);

@@ -127,7 +127,7 @@ def _widened_score(c: Config, M: int, N: int, sms: int, decode_rows: int) -> tup
 
 
 def _widened_split(pick: Config, wg: List[Config], M: int, N: int, K: int, sms: int) -> Config:
-    """pick split along K where its tiles fill under half a wave: the most
+    """pick split along K where its tiles fill at most half a wave: the most
     slices up to two blocks per SM, each slice at least 24 k-tiles deep
     (4096 x 14336, M = 32 / 64: 4-way splits won by 1.51x / 1.26x, H100;
     4096^2 kept the whole K, 32 k-tiles deep: docs/performance.md#heuristic)."""
@@ -172,7 +172,10 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     decode (M <= 4) the GEMV whose
     grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
     then the fewest split-K slices, the most columns per warp and the widest
-    loads; decoded weights from `predecode_from` on a predecode config; for
+    loads; sub-byte codes widened for 8-bit activations (sm_90) at M = 2-16
+    whole-K 16-row tiles where they fill the device, from M = 17 the
+    whole-K wgmma tile by waves (`_widened_score`, `_widened_split`);
+    decoded weights from `predecode_from` on a predecode config; for
     dense operands (predecode's too) on sm_90 from M = 17 the TMA GEMM
     (`_tma_score`); else a GEMM (wgmma on sm_90 above M = 32) with enough
     blocks (split-K up to ~2 per SM for M <= 64), the least padding of M, as
@@ -197,7 +200,15 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     rs = [c for c in cands if c.rs]                 # (only where rs_pickable)
     if 9 <= M <= 16 and rs and _rs_from_m9(kind, N, sms, cal):
         return _rs_pick(rs, kind, M, N, sms, cal)
-    dense_op = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).dense
+    num = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma)
+    dense_op = num.dense
+    # Sub-byte codes widened for 8-bit activations on sm_90 (the rules
+    # measured there: hw.Calibration.widened_waves_max_m): at M = 2-16 the
+    # whole K where 128-wide 16-row tiles fill 0.8 of a wave (else split-K
+    # as for other decoded weights: at 8192^2, M = 16, the third-of-a-wave
+    # whole K took 1.37x the 4-way split's time); M = 17 and up below.
+    widened = num.widen and hw.arch(arch).wgmma and cal.widened_waves_max_m > 0
+    widened_whole_k = widened and M <= 16 and -(-N // 128) >= 0.8 * sms
     # Dense operands (fp16, int8, fp8) at M = 9-16: the mma.sync GEMM's
     # 16-row tiles, not the tensor-core GEMV nor the TMA GEMM's 64-row ones
     # (H200 tuning logs: it won 16 of 17 such records, 1.04-1.57x over the
@@ -245,9 +256,8 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
         cands = [c for c in cands if not c.predecode]
     # Sub-byte codes widened for 8-bit activations, M = 17 to
     # widened_waves_max_m: the cp.async wgmma GEMM over the whole K, its
-    # tile by waves (the split-K picks of the rules below took a median
-    # 1.53x the tuned winners' time: docs/performance.md#heuristic).
-    widened = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma).widen
+    # tile by waves, as the tuned winners had it (the split-K picks of the
+    # rules below lost to them: docs/performance.md#heuristic).
     if widened and 16 < M <= cal.widened_waves_max_m:
         wg = [c for c in cands if c.wgmma and not (c.tma or c.rs or c.predecode)]
         whole = [c for c in wg if c.split_k == 1]
@@ -324,9 +334,8 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
         # docs/performance.md#gemm).
         deep = dense and c.wgmma
         want, n_blocks = want_blocks, blocks(spec, c, M, N)
-        # Dense operands up to M = 16 (mma.sync), and sub-byte codes widened
-        # for 8-bit activations (their winners at M = 16, three shapes, H100:
-        # docs/performance.md#heuristic): the whole K once the tiles
+        # Dense operands up to M = 16 (mma.sync), and widened codes where
+        # `widened_whole_k` (above): the whole K once the tiles
         # alone fill 0.8 of a wave, or (M = 2-16) a third of one with up to
         # 64 k-steps, else split-K to about two waves (M = 1) or one (0.8 of
         # one counts as full); the deepest pipeline over the widest k-steps.
@@ -336,16 +345,12 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
         # 4-way at 6144 x 4096, H100), split two ways on 64 tiles of 224
         # (8192 x 28672, every dense spec); the winners' k-tiles 128 deep,
         # 4-5 stages: docs/performance.md#heuristic.
-        # Widened codes only where the tiles alone fill 0.8 of a wave (else
-        # split-K as below: at 8192^2, M = 16, the third-of-a-wave whole K
-        # took 1.37x the 4-way split's time, H100).
-        tiles = n_blocks // c.split_k
-        small = M <= 16 and not c.wgmma and (dense or (widened and cal.widened_waves_max_m > 0
-                                                       and tiles >= 0.8 * sms))
+        small = M <= 16 and not c.wgmma and (dense or widened_whole_k)
         if small:
             # (one target for every candidate, so that a narrower tile that
             # fills the device ties with a 128-wide one and loses on BN)
             want = want_blocks if M == 1 else sms
+            tiles = n_blocks // c.split_k
             short_k = K // c.BK <= 64
             if tiles >= 0.8 * sms or (M > 1 and (n_blocks >= 0.8 * sms or (tiles >= sms / 3 and short_k))):
                 n_blocks = want
