@@ -91,6 +91,8 @@ def test_shipped_records_are_all_current(opgen, tmp_path):
     rows = [line for line in out.splitlines() if line.startswith("shipped")]
     assert rc == 0 and not err and len(rows) > 500
     assert all(line.rsplit(None, 1)[0].endswith("current") for line in rows)
+    # every shipped file (one per device)
+    assert all(any(d in line for line in rows) for d in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"))
 
 
 def test_show_a_corrupt_file(path, opgen):
