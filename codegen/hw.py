@@ -328,8 +328,8 @@ H200 = Calibration(
     # At M = 1 on 1024-row layers (6-8 warps per SM unsplit) the whole-K GEMV
     # beat the split-in-two one by 1.49-1.56x (4 records: H200 and H100), and
     # on 512-row ones (about 4 warps per SM) by 1.42-1.66x (6 records, four
-    # formats, H100: Qwen2.5-7B's k / v and gpt-oss-20b's), so no split-K
-    # row GEMV counts as fuller. Source: docs/performance.md#heuristic
+    # formats, H100: Qwen2.5-7B's k / v and gpt-oss-20b's): a split-K row
+    # GEMV's warps count up to 3 per SM. Source: docs/performance.md#heuristic
     gemv_split_fill_warps=3,
     # NF4 (codebook lookups) at M = 1: w8 c4 v16 s1 23.5 us without
     # prefetch, 27.5 with (13824 x 5120, H100); the H200's NF4 winners at

@@ -263,9 +263,9 @@ def test_widened_codes_take_the_tuned_winners_tiles(name, monkeypatch):
     DB, hw.H200.widened_waves_max_m): from M = 17 the whole-K wgmma tile by
     waves (64 x 64 where it fills a wave, 64 x 128 and 128 x 256 on the
     28672-row layer, 128 x 128 at 8192^2, M = 256), split along K only on
-    grids under half a wave with 24+ k-tiles a slice (4096 x 14336); at
-    M = 9-16 the whole K where the 16-row tiles fill the device, else
-    split-K; with the rule off, the split-K GEMMs of decoded weights."""
+    grids of at most half a wave with 24+ k-tiles a slice (4096 x 14336);
+    at M = 2-16 the whole K where the 16-row tiles fill the device, else
+    split-K; with the rules off, the split-K GEMMs of decoded weights."""
     s = planner.execution_spec(load_spec(shipped_specs()[name]), "sm_90")
     want = {(8192, 8192, 64): "gemm_64x64x128_w64x64_p5_s1_wg",
             (4096, 4096, 128): "gemm_64x64x128_w64x64_p5_s1_wg",
