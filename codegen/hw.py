@@ -302,10 +302,11 @@ H200 = Calibration(
                           "e4m3_cvt_scale/pairs/float16", "magic_float_zero_minus_z/pairs/float16",
                           "magic/pairs/float16", "magic_cvt_scale/pairs/float16"}),
     # They won at N = 5120 too (0.61 x the SMs: Qwen2.5-14B, tuned on an
-    # H100) by 1.25x and 1.58x; at N = 4096 and 1024 (0.48 x and below) the
-    # GEMV won 2 of 3 (the rule misses the third by 1.09x).
-    # Source: docs/performance.md#heuristic
-    rs_from_m9_fill=0.6,
+    # H100) by 1.25x and 1.58x, and at N = 4608 (0.55 x: Qwen2.5-7B's fused
+    # q / k / v, H100) by 1.35x, 1.45x and 1.65x (w4a16_sym, NF4, MXFP4);
+    # at N = 4096 and 1024 (0.48 x and below) the GEMV won 2 of 3 (the rule
+    # misses the third by 1.09x). Source: docs/performance.md#heuristic
+    rs_from_m9_fill=0.5,
     # NF4 on 1024-row layers at M = 17-64 (0.24-0.48 x the SMs in rs
     # blocks): split-K GEMMs beat its rs GEMM by 1.65x and 1.75x at 17-32
     # (mma.sync), 1.37x and 1.66x at 33-64 (wgmma) (H100, H200); the 4-bit

@@ -84,6 +84,8 @@ def test_heuristic_takes_the_rs_gemm_above_16_rows():
     assert planner.heuristic(s, "sm_90", 8, 8192, 8192).tc
     assert planner.heuristic(s, "sm_90", 16, 4096, 8192).tc
     assert planner.heuristic(s, "sm_90", 16, 5120, 5120, sms=132).rs    # Qwen2.5-14B: 1.58x
+    for name in ("w4a16_sym_g128", "bnb_nf4", "mxfp4"):                    # Qwen2.5-7B: 1.35-1.65x
+        assert planner.heuristic(spec(name), "sm_90", 16, 4608, 3584, sms=132).rs, name
     # every other decoding's too since their 12-stage, four-k-group rs GEMM
     # (8192^2: 1.06-1.96x the tensor-core GEMV)
     for name in ("bnb_nf4", "mxfp4", "fp8_e4m3_w8a16", "w1a16_g128", "w2a16_g128", "bitnet_b158"):
