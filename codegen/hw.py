@@ -328,7 +328,7 @@ H200 = Calibration(
     rs_deep_kgroups=frozenset({"table_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16"}),
     # At M = 1 on 1024-row layers (6-8 warps per SM unsplit) the whole-K GEMV
     # beat the split-in-two one by 1.49-1.56x (4 records: H200 and H100), and
-    # on 512-row ones (about 4 warps per SM) by 1.42-1.66x (6 records, four
+    # on 512-row ones (about 4 warps per SM) by 1.42-1.66x (5 records, four
     # formats, H100: Qwen2.5-7B's k / v and gpt-oss-20b's): a split-K row
     # GEMV's warps count up to 3 per SM. Source: docs/performance.md#heuristic
     gemv_split_fill_warps=3,

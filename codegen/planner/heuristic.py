@@ -26,8 +26,8 @@ def rs_pickable(spec: Spec, arch: str) -> bool:
 def a8_pickable(spec: Spec, cfg: Config, arch: str, M: int, N: int, K: int) -> bool:
     """Whether the heuristic may pick cfg at M for its activations: for
     8-bit activations a GEMV of sub-byte codes up to
-    hw.Calibration.a8_gemv_max_m, of int8 codes at M = 1 on layers up to
-    hw.Calibration.a8_gemv_int8_max_nk (larger ones: the GEMM won), a
+    hw.Calibration.a8_gemv_max_m, of int8 codes at M = 1 on sm_90 layers up
+    to hw.Calibration.a8_gemv_int8_max_nk (larger ones: the GEMM won), a
     predecode config only once checked on the device
     (hw.Calibration.a8_verified); the others are the tuner's to time
     (docs/performance.md#widened-codes-8-bit-activations)."""
@@ -37,8 +37,9 @@ def a8_pickable(spec: Spec, cfg: Config, arch: str, M: int, N: int, K: int) -> b
     if cfg.family == "gemv":
         if weight_code(spec.b).bits < 8:
             return M <= cal.a8_gemv_max_m
-        max_n, max_k = cal.a8_gemv_int8_max_nk
-        return spec.b.dtype == "int8" and M == 1 and N <= max_n and K <= max_k
+        max_n, max_k = cal.a8_gemv_int8_max_nk      # (timed on sm_90 only)
+        return (spec.b.dtype == "int8" and hw.arch(arch).wgmma and M == 1
+                and N <= max_n and K <= max_k)
     return not cfg.predecode or f"predecode/{spec.a.dtype}" in cal.a8_verified
 
 
