@@ -87,10 +87,17 @@ def _tma_score(c: Config, M: int, N: int, sms: int, speed) -> tuple:
             c.raster != (8 if M > c.BM else 0), -c.stages, not c.inflight_sums)
 
 
+def _decoded_work(c: Config, M: int, N: int, sms: int, decode_rows: int) -> Tuple[int, int]:
+    """(blocks of c's grid, waves of them times one block's work): BN weight
+    rows, each decoded once (decode_rows: that cost in rows of M) and
+    multiplied by BM activation rows. The rs GEMM's and the widened codes'
+    tile scores start from it."""
+    blocks = -(-N // c.BN) * -(-M // c.BM)
+    return blocks, -(-blocks // sms) * c.BN * (decode_rows + c.BM)
+
+
 def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, deep: bool) -> tuple:
-    """Waves of blocks times one block's work: BN weight rows, each decoded
-    once (decode_rows: that cost in rows of M, by decoding: `_rs_pick`)
-    and multiplied by BM activation rows; then the tallest,
+    """`_decoded_work` (decode_rows by decoding: `_rs_pick`); then the tallest,
     widest tile, the pair table (a candidate only where
     hw.Calibration.rs_pair_tables has it, up to its M: its 32 KiB may
     shorten the ring), and the depth, k-groups and ring the tuned winners had
@@ -101,7 +108,7 @@ def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, deep: bool)
     (6 from 128 rows, 12 at 16); with `deep` (the decodings of
     hw.Calibration.rs_deep_kgroups on a grid under one wave) four k-groups
     of 12 stages up to 64 rows: docs/performance.md#heuristic."""
-    blocks = -(-N // c.BN) * -(-M // c.BM)
+    blocks, work = _decoded_work(c, M, N, sms, decode_rows)
     bk = 64 if c.BM == 256 or c.pair_table else 128
     if c.BN == 128:
         kgroups, stages = (1, 4) if c.BM >= 128 else (2, 12 if c.BM == 16 else 8)
@@ -109,22 +116,20 @@ def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, deep: bool)
         kgroups, stages = 4, 12
     else:
         kgroups, stages = (2, 6) if c.BM >= 128 else (2, 8)
-    return (-(-blocks // sms) * c.BN * (decode_rows + c.BM), -c.BM, -c.BN, not c.pair_table,
-            c.BK != bk, c.kgroups != kgroups, c.stages != stages)
+    return (work, -c.BM, -c.BN, not c.pair_table, c.BK != bk, c.kgroups != kgroups, c.stages != stages)
 
 
 def _widened_score(c: Config, M: int, N: int, sms: int, decode_rows: int) -> tuple:
     """Sub-byte codes widened for 8-bit activations, M = 17 up to
-    hw.Calibration.widened_waves_max_m: waves of blocks times one block's
-    work (BN weight rows widened, decode_rows' worth, and multiplied by BM
-    activation rows); then the tallest tile and, of equal scores, the
+    hw.Calibration.widened_waves_max_m: `_decoded_work` (the rows widened);
+    then the tallest tile and, of equal scores, the
     winners' tiles (H100 tuning, docs/performance.md#heuristic): at most two
     blocks per SM (3.4 waves of 64 x 64 lost to 1.7 of 64 x 128), 256 wide
     at 128 rows, the most blocks (two 64 x 64 per SM beat one 64 x 128);
     then the deepest ring and k-steps."""
-    blocks = -(-N // c.BN) * -(-M // c.BM)
-    return (-(-blocks // sms) * c.BN * (decode_rows + c.BM), -c.BM, blocks > 2 * sms,
-            c.BM == 128 and c.BN != 256, -blocks, -c.stages, -c.BK, c.min_blocks != 1)
+    blocks, work = _decoded_work(c, M, N, sms, decode_rows)
+    return (work, -c.BM, blocks > 2 * sms, c.BM == 128 and c.BN != 256, -blocks, -c.stages, -c.BK,
+            c.min_blocks != 1)
 
 
 def _widened_split(pick: Config, wg: List[Config], M: int, N: int, K: int, sms: int) -> Config:
@@ -201,14 +206,15 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     rs = [c for c in cands if c.rs]                 # (only where rs_pickable)
     if 9 <= M <= 16 and rs and _rs_from_m9(kind, N, sms, cal):
         return _rs_pick(rs, kind, M, N, sms, cal)
-    num = numerics(spec, fp8_mma=hw.arch(arch).fp8_mma)
+    a = hw.arch(arch)
+    num = numerics(spec, fp8_mma=a.fp8_mma)
     dense_op = num.dense
     # Sub-byte codes widened for 8-bit activations on sm_90 (the rules
     # measured there: hw.Calibration.widened_waves_max_m): at M = 2-16 the
     # whole K where 128-wide 16-row tiles fill 0.8 of a wave (else split-K
     # as for other decoded weights: at 8192^2, M = 16, the third-of-a-wave
     # whole K took 1.37x the 4-way split's time); M = 17 and up below.
-    widened = num.widen and hw.arch(arch).wgmma and cal.widened_waves_max_m > 0
+    widened = num.widen and a.wgmma and cal.widened_waves_max_m > 0
     widened_whole_k = widened and M <= 16 and -(-N // 128) >= 0.8 * sms
     # Dense operands (fp16, int8, fp8) at M = 9-16: the mma.sync GEMM's
     # 16-row tiles, not the tensor-core GEMV nor the TMA GEMM's 64-row ones
