@@ -188,6 +188,8 @@ class Calibration:
     rs_from_m9: FrozenSet[str] = frozenset()
     # The share of the SMs those 64-row blocks must fill (one m-tile).
     rs_from_m9_fill: float = 0.85
+    # rs_from_m9_fill of the kernels whose share differs (0: any layer).
+    rs_from_m9_fill_of: Mapping[str, float] = field(default_factory=dict)
     # rs_decode_rows of the rs GEMM kernels (planner.rs.kernel_class) whose
     # decode costs otherwise.
     rs_decode_rows_of: Mapping[str, int] = field(default_factory=dict)
@@ -276,13 +278,24 @@ H200 = Calibration(
         "pair_table_cvt_scale/pairs": {(64, 16): 72, (64, 32): 80, (64, 64): 96, (64, 128): 127,
                                        (64, 256): 188, (128, 16): 128, (128, 32): 128, (128, 64): 128,
                                        (128, 128): 168},
+        # Sub-byte codes widened to int8 for int8 activations (w4a8_int8,
+        # bitnet_b158_a8, int8_int4_int32; w4a8_int8_g128: integer zero
+        # points and group scales, its sums flushed per group into a second
+        # set): the most ptxas took without setmaxnreg over the four specs'
+        # configs (NVRTC 12.9; none spilled; the group kernel's 256-wide
+        # m-tile spills at 255). Source: docs/performance.md#rs-gemm
+        "widen/bytes": {(128, 16): 56, (128, 32): 64, (128, 64): 80, (128, 128): 113, (128, 256): 177},
+        "widen_int_zero_group/bytes": {(128, 16): 90, (128, 32): 105, (128, 64): 130, (128, 128): 194},
     },
     # Every config of each against the reference on the H200 at odd M, N, K
     # (test_kernel.py::test_rs_matches_reference; docs/performance.md#rs-gemm).
     rs_verified=frozenset({"magic/halves/float16", "magic_int_zero/halves/float16",
                            "magic/pairs/float16", "magic_cvt_scale/pairs/float16",
                            "table_cvt_scale/pairs/float16", "magic_float_zero_minus_z/pairs/float16",
-                           "e4m3_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16"}),
+                           "e4m3_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16",
+                           # codes widened for int8 activations: every config of the four
+                           # specs at odd M, N, K on an H100 (docs/performance.md#rs-gemm)
+                           "widen/bytes/int8", "widen_int_zero_group/bytes/int8"}),
     # Fitted to the tuned records (the rs specs at the bench's and
     # Llama-3-8B's shapes): with it the heuristic's rs tile is the winner's
     # in 132 of the shipped DB's 143 rs records; 32-256 do nearly as well, 0
@@ -297,16 +310,24 @@ H200 = Calibration(
     # and 27.5 us against their tensor-core GEMV's 40.3, 49.8, 60.1 and 36.7;
     # on the H200 2-bit's and ternary's 25.7 and 25.1 against the tuned
     # GEMVs' 27.4 and 27.1. Source: docs/performance.md#heuristic
+    # Codes widened for int8 activations (H100, empty DB, M = 16): their rs
+    # GEMM beat the heuristic's 16-row GEMMs by 1.3-2.4x at 8192^2, 4096^2,
+    # 28672 x 8192, 4096 x 14336 and 1024 x 4096 (no tensor-core GEMV for
+    # them past M = 1: a8_gemv_max_m). Source: docs/performance.md#heuristic
     rs_from_m9=frozenset({"magic/halves/float16", "magic_int_zero/halves/float16",
                           "table_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16",
                           "e4m3_cvt_scale/pairs/float16", "magic_float_zero_minus_z/pairs/float16",
-                          "magic/pairs/float16", "magic_cvt_scale/pairs/float16"}),
+                          "magic/pairs/float16", "magic_cvt_scale/pairs/float16",
+                          "widen/bytes/int8", "widen_int_zero_group/bytes/int8"}),
     # They won at N = 5120 too (0.61 x the SMs: Qwen2.5-14B, tuned on an
     # H100) by 1.25x and 1.58x, and at N = 4608 (0.55 x: Qwen2.5-7B's fused
     # q / k / v, H100) by 1.35x, 1.45x and 1.65x (w4a16_sym, NF4, MXFP4);
     # at N = 4096 and 1024 (0.48 x and below) the GEMV won 2 of 3 (the rule
     # misses the third by 1.09x). Source: docs/performance.md#heuristic
     rs_from_m9_fill=0.5,
+    # The widened codes' rs GEMM on every layer (above: their alternative is
+    # no GEMV). Source: docs/performance.md#heuristic
+    rs_from_m9_fill_of={"widen/bytes/int8": 0.0, "widen_int_zero_group/bytes/int8": 0.0},
     # NF4 on 1024-row layers at M = 17-64 (0.24-0.48 x the SMs in rs
     # blocks): split-K GEMMs beat its rs GEMM by 1.65x and 1.75x at 17-32
     # (mma.sync), 1.37x and 1.66x at 33-64 (wgmma) (H100, H200); the 4-bit
@@ -324,8 +345,12 @@ H200 = Calibration(
     # 1.10-1.17x over the two of 8 picked before where the H100 timed both;
     # on wider grids two k-groups won (4 of 4). MXFP4's pair-table kernel
     # too (8192^2, M = 64: 34.3 vs 36.9 us, H200; its code-by-code kernel
-    # 39.7 either way). Source: docs/performance.md#heuristic
-    rs_deep_kgroups=frozenset({"table_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16"}),
+    # 39.7 either way). The widened codes' (H100, empty DB, five shapes,
+    # M = 16-1024): four of 12 won 40 of 54 such records (most of the rest:
+    # the group kernel's two k-groups of 6-8 at 32-64 rows).
+    # Source: docs/performance.md#heuristic
+    rs_deep_kgroups=frozenset({"table_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16",
+                               "widen/bytes/int8", "widen_int_zero_group/bytes/int8"}),
     # At M = 1 on 1024-row layers (6-8 warps per SM unsplit) the whole-K GEMV
     # beat the split-in-two one by 1.49-1.56x (4 records: H200 and H100), and
     # on 512-row ones (about 4 warps per SM) by 1.42-1.66x (5 records, four

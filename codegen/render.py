@@ -56,9 +56,15 @@ def kernel_name(spec: Spec, cfg: planner.Config) -> str:
     return f"opgen_{spec.name}_{cfg.name}"
 
 
+def _probes(plan: planner.Launch) -> frozenset:
+    """The probes of a planned kernel: its kind's (PROBES), none in the rs
+    GEMM's int8 path (g.widen: its own decode and wgmma have no hooks)."""
+    return frozenset() if plan.consts.get("widen") else PROBES.get(plan.kind, frozenset())
+
+
 def kernel_probes(spec: Spec, cfg: planner.Config, arch: str) -> frozenset:
-    """The probes the kernel of a single-kernel config has (PROBES)."""
-    return PROBES.get(planner.plan(spec, cfg, arch).kind, frozenset())
+    """The probes the kernel of a single-kernel config has (_probes)."""
+    return _probes(planner.plan(spec, cfg, arch))
 
 
 def _zero_context(num) -> dict:
@@ -107,10 +113,10 @@ def render(spec: Spec, cfg: planner.Config, arch: str, probes: frozenset = froze
     _check_pdl(pdl, arch)
     plan = plan or planner.plan(spec, cfg, arch)
     g, kind = plan.consts, plan.kind
-    unknown = set(probes) - PROBES.get(kind, frozenset())
+    unknown = set(probes) - _probes(plan)
     if unknown:
         raise ValueError(f"the {kind} kernel has no probe {', '.join(sorted(unknown))} "
-                         f"(it has: {', '.join(sorted(PROBES.get(kind, ()))) or 'none'})")
+                         f"(it has: {', '.join(sorted(_probes(plan))) or 'none'})")
     num = planner.kernel_numerics(spec, cfg, arch)
     lay = weight_layout(spec)
     dec = g.get("dec") or decode_plan(lay, num)     # the GEMV may pair codes by byte

@@ -158,7 +158,8 @@ def _rs_from_m9(kind: str, N: int, sms: int, cal: hw.Calibration) -> bool:
     tensor-core GEMV: for the decodings that won there (hw.Calibration.rs_from_m9),
     on layers whose 64-row blocks fill enough of the SMs in one m-tile
     (hw.Calibration.rs_from_m9_fill)."""
-    return kind in cal.rs_from_m9 and -(-N // 64) >= cal.rs_from_m9_fill * sms
+    fill = cal.rs_from_m9_fill_of.get(kind, cal.rs_from_m9_fill)
+    return kind in cal.rs_from_m9 and -(-N // 64) >= fill * sms
 
 
 def _rs_starved(c: Config, kind: str, M: int, N: int, sms: int, cal: hw.Calibration) -> bool:
@@ -172,15 +173,17 @@ def _rs_starved(c: Config, kind: str, M: int, N: int, sms: int, cal: hw.Calibrat
 def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] = None,
               exclude: FrozenSet[Config] = frozenset()) -> Config:
     """A reasonable pick without tuning: for weights stored [N, K] and
-    M = 2-16 the tensor-core GEMV (M = 9-16 on wide layers: the rs GEMM of
-    the decodings in `rs_from_m9`; for dense operands the mma.sync GEMM's
+    M = 2-16 the tensor-core GEMV (where it cannot fill the SMs: at M = 2-4
+    the row GEMV, else its most blocks; M = 9-16 on wide layers: the rs
+    GEMM of the decodings in `rs_from_m9`; for dense operands the mma.sync GEMM's
     16-row tile, split-K by how much of a wave its tiles fill); for
     decode (M <= 4) the GEMV whose
     grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
     then the fewest split-K slices, the most columns per warp and the widest
     loads; sub-byte codes widened for 8-bit activations (sm_90) at M = 2-16
     whole-K 16-row tiles where they fill the device, from M = 17 the
-    whole-K wgmma tile by waves (`_widened_score`, `_widened_split`);
+    whole-K wgmma tile by waves (`_widened_score`, `_widened_split`), and
+    with int8 activations from M = 9 their rs GEMM (`_rs_pick`);
     decoded weights from `predecode_from` on a predecode config; for
     dense operands (predecode's too) on sm_90 from M = 17 the TMA GEMM
     (`_tma_score`); else a GEMM (wgmma on sm_90 above M = 32) with enough
@@ -222,16 +225,31 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # pick of either: docs/performance.md#heuristic).
     mma_sync = ([c for c in cands if c.family == "gemm" and not (c.tma or c.wgmma)]
                 if dense_op and 9 <= M <= 16 else [])
+    gemv = [c for c in cands if c.family == "gemv" and not c.tc]
+    want = 15 * sms // 8
+    # At M = 2-4 on layers too narrow for ~2 tensor-core GEMV blocks per SM
+    # the row GEMV below won every record timed (H100, empty DB: 512 x 3584
+    # and gpt-oss-20b's K = 2880 layers, 16 records, 1.1-3.4x over the
+    # tensor-core GEMV; docs/performance.md#heuristic).
+    tc_starved = all(blocks(spec, c, M, N) < want for c in tc)
     if mma_sync:
         cands = mma_sync
-    elif 2 <= M <= 16 and tc:
+    elif 2 <= M <= 16 and tc and not (M <= 4 and tc_starved and gemv):
         # Measured (w4a16_sym 8192^2): M = 4 19.7 us, M = 16 28.8 us (the
         # mma.sync GEMM: 37 us): docs/performance.md#tensor-core-gemv. The
-        # widest vectors, 8 warps, split-K to ~2 blocks per SM.
+        # widest vectors, 8 warps, split-K to ~2 blocks per SM. Where no
+        # config has that many blocks (narrow layers), the most blocks of
+        # 8-byte vectors or wider (where the code has them): on 512 x 3584
+        # at M = 9-16 (H100) w4 v8 s8, 64 blocks, took 8.2 us where the
+        # widest vectors' 8 blocks took 14.9 (docs/performance.md#heuristic).
+        if tc_starved:
+            wide = min(8, max(c.vbytes for c in tc))
+            return min((c for c in tc if c.vbytes >= wide),
+                       key=lambda c: (-blocks(spec, c, M, N), -c.vbytes, c.warps != 8, c.split_k))
+
         def tscore(c: Config):
-            return (blocks(spec, c, M, N) < 15 * sms // 8, -c.vbytes, c.warps != 8, c.split_k)
+            return (blocks(spec, c, M, N) < want, -c.vbytes, c.warps != 8, c.split_k)
         return min(tc, key=tscore)
-    gemv = [c for c in cands if c.family == "gemv" and not c.tc]
     if M <= 4 and gemv:
         # A grid fills the device at 12 warps per SM (gemv_fill); a split-K
         # one's warps count only up to gemv_split_fill_warps per SM on [N, K]
@@ -264,8 +282,9 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # Sub-byte codes widened for 8-bit activations, M = 17 to
     # widened_waves_max_m: the cp.async wgmma GEMM over the whole K, its
     # tile by waves, as the tuned winners had it (the split-K picks of the
-    # rules below lost to them: docs/performance.md#heuristic).
-    if widened and 16 < M <= cal.widened_waves_max_m:
+    # rules below lost to them: docs/performance.md#heuristic). Where their
+    # rs GEMM is verified (int8 activations) it takes M = 9 and up instead.
+    if widened and 16 < M <= cal.widened_waves_max_m and not rs:
         wg = [c for c in cands if c.wgmma and not (c.tma or c.rs or c.predecode)]
         whole = [c for c in wg if c.split_k == 1]
         if whole:

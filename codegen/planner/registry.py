@@ -42,20 +42,17 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     A predecode config's: its dense GEMM's, marked predecode."""
     a = hw.arch(arch)
     num = kernel_numerics(spec, cfg, arch)
-    if spec.a.dtype in A8_DTYPES and spec.b is not None and spec.b.dtype != spec.a.dtype:
-        # Sub-byte codes with 8-bit activations: the cp.async GEMM widens them
-        # to int8 / e4m3 in registers (gemm.cu.j2), on the 8-bit MMA; without
-        # an e4m3 MMA (sm_80) both operands are widened to fp16 (a_decode).
-        # The TMA GEMM's producer warpgroup widens them into the stage
-        # (channel or tensor scales: planner.tma). The GEMVs take the
-        # activations as fp16 values (kernel_numerics); predecode widens the
-        # codes once, for the dense 8-bit GEMMs.
-        if not cfg.predecode and family_of(cfg) not in (FAMILIES["gemm"], FAMILIES["gemv"],
-                                                        FAMILIES["dequant"], FAMILIES["tma"]):
-            raise PlanError("8-bit activations with sub-byte weights run on the cp.async or TMA "
-                            "GEMM, the GEMVs or predecode")
-    if spec.out.dtype in INT_OUT_DTYPES and (family_of(cfg) is not FAMILIES["gemm"] or cfg.predecode):
-        raise PlanError(f"only the cp.async GEMM writes an {spec.out.dtype} output (the raw "
+    # Sub-byte codes with 8-bit activations: the cp.async GEMM widens them to
+    # int8 / e4m3 in registers (gemm.cu.j2), on the 8-bit MMA; without an
+    # e4m3 MMA (sm_80) both operands are widened to fp16 (a_decode). The TMA
+    # GEMM's producer warpgroup widens them into the stage (channel or tensor
+    # scales: planner.tma); the rs GEMM into its int8 fragment registers
+    # (int8 activations: planner.rs). The GEMVs take the activations as fp16
+    # values (kernel_numerics); predecode widens the codes once, for the
+    # dense 8-bit GEMMs.
+    if spec.out.dtype in INT_OUT_DTYPES and (family_of(cfg) not in (FAMILIES["gemm"], FAMILIES["rs"])
+                                             or cfg.predecode):
+        raise PlanError(f"only the cp.async and rs GEMMs write an {spec.out.dtype} output (the raw "
                         f"accumulator)")
     w = spec.b
     if w is not None and ((w.pack and w.pack.planes) or (w.zero.pack and w.zero.pack.planes)):

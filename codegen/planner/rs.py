@@ -10,7 +10,7 @@ from ..lower import (PAIR_TABLE_BYTES, Decode, Layout, Numerics, decode_plan, nu
                      rs_byte_pairs, rs_pairs, rs_pairs_are_interleaved4, weight_layout, zero_sub_bits)
 from ..spec import WEIGHT_CODES, Spec
 from .config import Config, PlanError
-from .gemm import grid
+from .gemm import check_byte_lanes, grid
 from .launch import Family
 from .tiles import STATIC_SMEM_RESERVE
 from .tma import TMA_PRODUCER_REGS, boxes, consumer_regs, stored_rows_ok
@@ -62,11 +62,17 @@ def kernel_class(spec: Spec, arch: str, pair_table: bool = False) -> Optional[st
     """"decode/fetch/type" of spec's rs GEMM on arch (rs_kernel and the
     activations' type: what hw.Calibration.rs_verified lists), with its
     pairs looked up in a table of value pairs where pair_table
-    (Config.pair_table); None when it has none."""
+    (Config.pair_table); None when it has none. Codes widened for int8
+    activations: "widen[_int_zero][_group]/bytes/int8" (_widened)."""
     a = hw.arch(arch)
     if not a.wgmma:
         return None
     num, lay = numerics(spec, fp8_mma=a.fp8_mma), weight_layout(spec)
+    if num.widen:
+        try:
+            return f"{_widened_kernel(num, lay)}/{num.mma}"
+        except PlanError:
+            return None
     pairs = rs_pairs(lay, RS_TILES_K[-1])
     if num.dense or pairs is None:
         return None
@@ -76,25 +82,9 @@ def kernel_class(spec: Spec, arch: str, pair_table: bool = False) -> Optional[st
     return f"{rs_kernel(num, dec, _int_zero(num, dec), pairs)}/{num.mma}"
 
 
-def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
-    """The rs GEMM (gemm_rs.cu.j2): one producer warp (a warpgroup that
-    hands registers over by setmaxnreg, where the MMA threads need more than
-    the launch allows) TMA-loads the activation tile (BK / 64 boxes of
-    BM x 64, the 128-byte swizzle: wgmma's B operand from shared memory) and
-    the stored words of BN weight rows (BK / 2 bytes each) into a STAGES-deep
-    ring. Each MMA warpgroup owns 64 weight rows, and each lane decodes
-    exactly the codes of its own A fragments (rows g and g + 8 of its warp's
-    16, k = 2q, 2q + 1 and 2q + 8, 2q + 9 of every k16 step) from the stored
-    words: pair q of every 32-bit word, which the interleaved pack order
-    0, 2, 4, 6, 1, 3, 5, 7 puts at bits 4q and 16 + 4q, so one shift, one lop3
-    with the magic number, one subtract (of the magic number, with integer
-    zero points its row's zero too) and one scale per pair."""
-    if not cfg.rs:
-        raise PlanError("k-groups and pair tables are for rs configs (the rs GEMM)")
-    if not (a.tma and a.wgmma and cfg.tma and cfg.wgmma):
-        raise PlanError(f"the rs GEMM is a tma wgmma config on sm_90a (target {a.name})")
-    if num.dense:
-        raise PlanError("the rs GEMM decodes weights (dense ones take the TMA GEMM)")
+def _decoded(cfg: Config, num: Numerics, lay: Layout) -> Dict:
+    """16-bit activations: each lane's pairs of codes decoded into fp16 /
+    bf16 fragment registers (lower.rs_pairs finds them in the stored words)."""
     pairs = rs_pairs(lay, cfg.BK)
     if pairs is None:
         raise PlanError("the rs GEMM needs codes stored [N, K] packed along k, each lane's pair "
@@ -125,6 +115,67 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
                 or num.zero_kind in ("int", "float"):        # (zero points: one per unit)
             raise PlanError(f"scale groups of {num.group} split a {cfg.BK}-deep k-tile")
         spt = cfg.BK // num.group
+    return dict(dec=dec, kernel=rs_kernel(num, dec, int_zero, pairs), pairs=pairs,
+                interleaved4=rs_pairs_are_interleaved4(pairs), w_rowb=w_rowb, spt=spt, ce=2,
+                widen=False, flush=False, acc_int=False)
+
+
+def _widened_kernel(num: Numerics, lay: Layout) -> str:
+    """The rs_regs name of the widened kernel for these numerics:
+    "widen[_int_zero][_group]/bytes" (integer zero points per group; group
+    scales flushed per group), or PlanError where codes cannot be widened."""
+    check_byte_lanes(lay)
+    if num.mma != "int8":
+        raise PlanError("the rs GEMM widens codes for int8 activations (e4m3 ones: the cp.async "
+                        "and TMA GEMMs)")
+    if num.zero_kind not in ("none", "const", "int"):
+        raise PlanError("widened codes take no, constant or integer zero points")
+    group = num.scale_gran == "group"
+    return "widen" + ("_int_zero" if num.zero_kind == "int" else "") + ("_group" if group else "") + "/bytes"
+
+
+def _widened(cfg: Config, num: Numerics, lay: Layout) -> Dict:
+    """int8 activations: sub-byte integer codes widened to int8 q - z in the
+    int8 wgmma's fragment registers. In the byte-lanes words (lower's widen
+    decode) a fragment register's four codes (k = 4q .. 4q + 3 of one half
+    of a k32 step) are one shift and mask apart, and with the row's bias one
+    add and one xor make them int8 (widen_frag in gemm_rs.cu.j2). Channel
+    and tensor scales apply to the whole sum (the epilogue); group scales to
+    each group's sum, flushed into fp32 once its last k-tile is done (every
+    k-tile waits for its wgmma in this kernel anyway)."""
+    kernel = _widened_kernel(num, lay)
+    if cfg.BK != 128 or cfg.pair_table:
+        raise PlanError("widened codes take 128-deep k-tiles (one 128-byte swizzle atom of "
+                        "int8 activations a row), no pair tables")
+    flush = num.scale_gran == "group"
+    if flush and num.group % cfg.BK:
+        raise PlanError(f"group scales of 8-bit products need whole k-tiles per group "
+                        f"(BK {cfg.BK} does not divide {num.group})")
+    return dict(dec=decode_plan(lay, num), kernel=kernel, pairs=None, interleaved4=False,
+                w_rowb=cfg.BK * lay.bits // 8, spt=1, ce=1, widen=True, flush=flush, acc_int=True)
+
+
+def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
+    """The rs GEMM (gemm_rs.cu.j2): one producer warp (a warpgroup that
+    hands registers over by setmaxnreg, where the MMA threads need more than
+    the launch allows) TMA-loads the activation tile (BK x BM, in boxes of
+    one 128-byte swizzle atom a row: wgmma's B operand from shared memory)
+    and the stored words of BN weight rows into a STAGES-deep ring. Each MMA
+    warpgroup owns 64 weight rows, and each lane decodes exactly the codes of
+    its own A fragments from the stored words: for 16-bit activations
+    (_decoded) rows g and g + 8 of its warp's 16, k = 2q, 2q + 1 and 2q + 8,
+    2q + 9 of every k16 step, which the interleaved pack order 0, 2, 4, 6,
+    1, 3, 5, 7 puts at bits 4q and 16 + 4q of a word, so one shift, one lop3
+    with the magic number, one subtract (of the magic number, with integer
+    zero points its row's zero too) and one scale per pair; for int8 ones
+    (_widened) four codes a register, widened to int8."""
+    if not cfg.rs:
+        raise PlanError("k-groups and pair tables are for rs configs (the rs GEMM)")
+    if not (a.tma and a.wgmma and cfg.tma and cfg.wgmma):
+        raise PlanError(f"the rs GEMM is a tma wgmma config on sm_90a (target {a.name})")
+    if num.dense:
+        raise PlanError("the rs GEMM decodes weights (dense ones take the TMA GEMM)")
+    d = _widened(cfg, num, lay) if num.widen else _decoded(cfg, num, lay)
     if cfg.BK not in RS_TILES_K or cfg.WM != 64 or cfg.WN != cfg.BM or cfg.BM not in RS_TILES_M \
             or cfg.BN not in RS_TILES_N:
         raise PlanError(f"rs GEMM tiles: BK in {RS_TILES_K}, BM (wgmma N) in {RS_TILES_M}, "
@@ -144,8 +195,8 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
         # mbarrier parity aliases; p6 with 4 k-groups faulted:
         # docs/performance.md#rs-gemm).
         raise PlanError(f"{cfg.stages} stages do not split evenly between {cfg.kgroups} k-groups")
-    a_tile = cfg.BM * cfg.BK * 2                            # (BK / 64 swizzled boxes of BM x 64)
-    w_tile = -(-cfg.BN * w_rowb // 1024) * 1024
+    a_tile = cfg.BM * cfg.BK * d["ce"]                      # (swizzled boxes of BM x 128 bytes)
+    w_tile = -(-cfg.BN * d["w_rowb"] // 1024) * 1024
     # The k-groups' partial sums meet in shared memory once the ring is drained.
     red = (cfg.kgroups - 1) * (cfg.BN // 64) * 128 * (cfg.BM // 2) * 4
     smem = max(cfg.stages * (a_tile + w_tile), red) + 1024
@@ -154,10 +205,9 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
         raise PlanError(f"{smem + table} bytes of shared memory > {a.smem_per_block} on {a.name}")
     consumers = cfg.BN // 64 * cfg.kgroups
     cal = hw.calibration(a.name)
-    kernel = rs_kernel(num, dec, int_zero, pairs)
-    need = cal.rs_regs.get(kernel, {}).get((cfg.BK, cfg.BM))
+    need = cal.rs_regs.get(d["kernel"], {}).get((cfg.BK, cfg.BM))
     if need is None:
-        raise PlanError(f"no measured register need of the rs GEMM's {kernel} decode at "
+        raise PlanError(f"no measured register need of the rs GEMM's {d['kernel']} decode at "
                         f"BK {cfg.BK}, BM {cfg.BM}")
     threads, regs = 128 * consumers + 32, None
     if threads > hw.MAX_THREADS_PER_BLOCK:
@@ -174,16 +224,19 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     # k-tiles of one scale group that a k-group takes in a row (one scale and
     # zero load for all of them), where the ring's slots still each serve
     # one k-group.
-    tpg = num.group // cfg.BK if num.scale_gran == "group" and spt == 1 else 1
+    tpg = num.group // cfg.BK if num.scale_gran == "group" and d["spt"] == 1 else 1
     if cfg.kgroups > 1 and cfg.stages % (cfg.kgroups * tpg):
+        if d["flush"]:
+            # (a group's sums must be one k-group's, flushed at its unit's end)
+            raise PlanError(f"{cfg.stages} stages do not hold whole {tpg}-tile scale groups "
+                            f"for each of {cfg.kgroups} k-groups")
         tpg = 1
-    return dict(threads=threads, consumers=consumers, regs=regs, tpg=tpg, ce=2, a_bytes=2, a_decode=False,
-                dense=False, tma=True, rs=True, wgmma=True, stored=lay, b_rows=cfg.BN,
-                b_rowb=w_rowb, a_tile=a_tile, w_tile=w_tile, smem=smem,
-                grid_tiles=(cfg.BN, cfg.BM), acc_int=False, mma_ptx=mma.ptx, inflight=1,
+    return dict(d, threads=threads, consumers=consumers, regs=regs, tpg=tpg, a_bytes=d["ce"],
+                a_decode=False, dense=False, tma=True, rs=True, wgmma=True, stored=lay,
+                b_rows=cfg.BN, b_rowb=d["w_rowb"], a_tile=a_tile, w_tile=w_tile, smem=smem,
+                grid_tiles=(cfg.BN, cfg.BM), mma_ptx=mma.ptx, inflight=1,
                 target=hw.WGMMA_TARGET[a.name], wgmma_types=hw.WGMMAS[num.mma].types,
-                pairs=pairs, interleaved4=rs_pairs_are_interleaved4(pairs), words=w_rowb // 4,
-                kernel=kernel, spt=spt, dec=dec)
+                wgmma_k=hw.WGMMAS[num.mma].k, words=d["w_rowb"] // 4)
 
 
 FAMILY = Family("rs", geometry, kind=lambda cfg, g: "gemm_rs", grid=grid, shape_ok=stored_rows_ok,

@@ -203,6 +203,41 @@ def test_rs_gemm_sass_and_resources(name, kernel):
     assert all(n <= table[key] for key, n in least.items()), least
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name,kernel", [("w4a8_int8", "widen/bytes"), ("bitnet_b158_a8", "widen/bytes"),
+                                         ("int8_int4_int32", "widen/bytes"),
+                                         ("w4a8_int8_g128", "widen_int_zero_group/bytes")])
+def test_rs_widened_sass_and_resources(name, kernel):
+    """The rs GEMM of sub-byte codes widened for int8 activations (4-bit
+    with a channel scale, 2-bit ternary with a tensor one, signed 4-bit into
+    an int32 output, 4-bit with integer zero points and group scales), each
+    kind of config in its deepest ring: no spills or local memory, TMA and
+    IGMMA in the SASS, no cp.async, wgmma not serialized; with the planner's
+    register table no config spills in the shallowest ring either, and
+    ptxas held some config of each (BK, BM) within the table."""
+    s = planner.execution_spec(spec(name), "sm_90")
+    assert planner.rs.kernel_class(s, "sm_90") == kernel + "/int8"
+    table = planner.RS_REGS[kernel]
+    rings = {}
+    for M in (16, 64, 256):
+        for c in planner.candidates(s, "sm_90", M, 8192, 8192):
+            if c.rs:
+                rings.setdefault((c.BM, c.BN, c.BK, c.kgroups), {})[c.stages] = c
+    deepest = [r[max(r)] for r in rings.values()]
+    assert len(deepest) >= 8 and {c.BM for c in deepest} >= {16, 32, 64, 128}
+    least = {}
+    for cfg in deepest:
+        _check_sm90_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
+        assert "C7513" not in compiler.compile_kernel(s, cfg, "sm_90").log, f"{cfg.name}: wgmma serialized"
+    for cfg in deepest + [r[min(r)] for r in rings.values()]:
+        c = compiler.compile_kernel(s, cfg, "sm_90")
+        assert c.resources["spill_bytes"] == 0, cfg.name
+        if c.geometry["regs"] is None:
+            key = (cfg.BK, cfg.BM)
+            least[key] = min(least.get(key, 256), c.resources["registers"])
+    assert least and all(n <= table[key] for key, n in least.items()), least
+
+
 def _op_counts(sass: str) -> collections.Counter:
     """SASS opcodes (without modifiers or predicates) and how often each occurs."""
     return collections.Counter(m.group(1).split(".")[0] for m in
@@ -268,7 +303,8 @@ def test_widened_codes_every_config(name):
     (sm_80: the default picks, test_default_sass_and_resources.)"""
     s = spec(name)
     cands = {c for M in (16, 256, 4096) for c in planner.candidates(s, "sm_90", M, 8192, 8192)
-             if c.family != "gemv" and not c.predecode}     # (test_a8_gemvs, test_a8_predecode)
+             if c.family != "gemv" and not c.predecode and not c.rs}
+    # (test_a8_gemvs, test_a8_predecode, test_rs_widened_sass_and_resources)
     assert len(cands) >= 10 and all(c.family == "gemm" for c in cands)
     on_tma = numerics(s).scale_gran != "group" and s.out.dtype != "int32"
     assert any(c.tma for c in cands) == on_tma, name

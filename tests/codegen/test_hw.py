@@ -84,7 +84,7 @@ def test_calibration_is_complete(device):
         assert all(0 < r <= hw.MAX_REGS_PER_THREAD for r in table.values())
     # what the heuristic may pick was run on the device, and has a table
     assert {k.rsplit("/", 1)[0] for k in cal.rs_verified} <= set(cal.rs_regs)
-    assert all(k.split("/")[1] in ("halves", "pairs") for k in cal.rs_regs)
+    assert all(k.split("/")[1] in ("halves", "pairs", "bytes") for k in cal.rs_regs)
     assert max(cal.tma_tile_speed.values()) == 1.0 and min(cal.tma_tile_speed.values()) > 0
     # every TMA GEMM tile the planner may time has a measured speed (the heuristic's score)
     tma_tiles = {(c.BM, c.BN) for c in planner.all_configs() if c.tma and not c.rs}
@@ -117,7 +117,7 @@ def test_each_measured_constant_cites_its_evidence():
     cal = text[text.index("H200 = Calibration("):]
     fields = re.findall(r"^    (\w+)=", cal, re.M)
     assert set(fields) == {"gemv_bytes_in_flight", "tma_tile_speed", "predecode_m", "rs_regs",
-                           "rs_verified", "rs_decode_rows", "rs_from_m9", "rs_from_m9_fill",
+                           "rs_verified", "rs_decode_rows", "rs_from_m9", "rs_from_m9_fill", "rs_from_m9_fill_of",
                            "gemv_split_fill_warps", "rs_min_fill", "rs_decode_rows_of", "rs_deep_kgroups",
                            "gemv_no_prefetch", "a8_gemv_max_m", "a8_gemv_int8_max_nk", "a8_verified",
                            "inflight_sums_verified", "rs_pair_tables", "widened_waves_max_m",

@@ -76,6 +76,17 @@ def test_probes_of_a_kind(kind):
         assert probed != render.render(s, cfg, arch)[0]
 
 
+def test_widened_rs_gemm_has_no_probes():
+    """The rs GEMM's int8 path (codes widened for int8 activations) has none
+    of the 16-bit path's probe hooks: none are offered, and each is refused
+    rather than rendering the unprobed kernel."""
+    s = planner.execution_spec(as_spec("w4a8_int8"), "sm_90")
+    cfg = planner.Config("gemm", 64, 128, 128, 64, 64, 4, 1, wgmma=True, tma=True, rs=True)
+    assert render.kernel_probes(s, cfg, "sm_90") == frozenset()
+    with pytest.raises(ValueError, match=r"has no probe no_mma \(it has: none\)"):
+        render.render(s, cfg, "sm_90", probes=frozenset({"no_mma"}))
+
+
 # The first place each kind reads the previous kernel's output (activations)
 # or writes: the kernel's pdl_wait() must come before it.
 FIRST_DEPENDENT = {

@@ -97,6 +97,27 @@ def test_heuristic_takes_the_rs_gemm_above_16_rows():
     assert planner.heuristic(s, "sm_90", 2048, 8192, 8192).predecode
 
 
+def test_tensor_core_gemv_on_narrow_layers():
+    """M = 2-16 on layers too narrow for ~2 tensor-core GEMV blocks per SM:
+    the most blocks of 8-byte vectors or wider (where the code has them),
+    not the widest vectors' few (512 x 3584, M = 16, H100: w4 v8 s8, 64
+    blocks, 8.2 us; the w8 v16 s2 pick, 8 blocks, 14.9). Wide layers keep
+    the widest vectors at ~2 blocks per SM."""
+    for name, want in (("w4a16_sym_g128", "gemv_m16_w4_v8_s8_tc"), ("bnb_nf4", "gemv_m16_w4_v8_s8_tc"),
+                       ("mxfp4", "gemv_m16_w4_v4_s16_tc")):
+        c = planner.heuristic(planner.execution_spec(spec(name), "sm_90"), "sm_90", 16, 512, 3584, sms=132)
+        assert c.name == want, (name, c.name)
+    c = planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 16, 4096, 4096, sms=132)
+    assert c.name == "gemv_m16_w8_v16_s8_tc"
+    # M = 2-4 there: the row GEMV (it won all 16 such records, H100: 512 x
+    # 3584 and gpt-oss-20b's K = 2880 layers, 1.1-3.4x); wide layers keep
+    # the tensor-core GEMV
+    for name, (N, K) in (("w4a16_sym_g128", (512, 3584)), ("mxfp4", (4096, 2880)), ("bnb_nf4", (2880, 2880))):
+        c = planner.heuristic(planner.execution_spec(spec(name), "sm_90"), "sm_90", 4, N, K, sms=132)
+        assert c.family == "gemv" and not c.tc, (name, c.name)
+    assert planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 4, 4096, 4096, sms=132).tc
+
+
 def test_nf4_leaves_its_rs_gemm_on_narrow_layers():
     """NF4 at M = 17-64 on a 1024-row layer: split-K GEMMs as its winners
     had them (its rs GEMM fills a quarter to half of the SMs and lost by
@@ -269,8 +290,12 @@ def test_widened_codes_take_the_tuned_winners_tiles(name, monkeypatch):
     28672-row layer, 128 x 128 at 8192^2, M = 256), split along K only on
     grids of at most half a wave with 24+ k-tiles a slice (4096 x 14336);
     at M = 2-16 the whole K where the 16-row tiles fill the device, else
-    split-K; with the rules off, the split-K GEMMs of decoded weights."""
+    split-K; with the rules off, the split-K GEMMs of decoded weights.
+    (int8 activations: the rules where their rs GEMM is not verified,
+    test_widened_codes_take_their_rs_gemm.)"""
     s = planner.execution_spec(load_spec(shipped_specs()[name]), "sm_90")
+    verified = frozenset(k for k in hw.H200.rs_verified if not k.startswith("widen"))
+    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, rs_verified=verified))
     want = {(8192, 8192, 64): "gemm_64x64x128_w64x64_p5_s1_wg",
             (4096, 4096, 128): "gemm_64x64x128_w64x64_p5_s1_wg",
             (8192, 8192, 256): "gemm_128x128x128_w64x128_p5_s1_wg",
@@ -283,6 +308,29 @@ def test_widened_codes_take_the_tuned_winners_tiles(name, monkeypatch):
         if config in {c.name for c in planner.candidates(s, "sm_90", M, N, K)}:   # (e4m3: no 128 x 256)
             assert planner.heuristic(s, "sm_90", M, N, K).name == config, (N, K, M)
     assert planner.heuristic(s, "sm_90", 16, 8192, 8192).split_k > 1
-    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, widened_waves_max_m=0))
+    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, widened_waves_max_m=0,
+                                                                     rs_verified=verified))
     assert planner.heuristic(s, "sm_90", 64, 8192, 8192).split_k > 1
     assert planner.heuristic(s, "sm_90", 16, 28672, 8192).split_k > 1
+
+
+@pytest.mark.parametrize("name", ["w4a8_int8", "bitnet_b158_a8", "w4a8_int8_g128", "int8_int4_int32"])
+def test_widened_codes_take_their_rs_gemm(name):
+    """Sub-byte codes with int8 activations on sm_90 from M = 9 to the
+    predecode threshold: the rs GEMM (codes widened into the int8 wgmma's
+    registers), on every layer, its tile by the rs rules, four k-groups of
+    12 stages on grids under a wave as the H100 winners (empty DB, five
+    shapes, M = 16-1024: docs/performance.md#heuristic); predecode from
+    M = 2048 where there is one; M = 1 and 2-8 as before."""
+    s = planner.execution_spec(load_spec(shipped_specs()[name]), "sm_90")
+    for N, K in ((1024, 4096), (4096, 4096), (4096, 14336), (8192, 8192), (28672, 8192)):
+        for M in (16, 32, 128, 512, 1024):
+            assert planner.heuristic(s, "sm_90", M, N, K).rs, (N, K, M)
+    assert planner.heuristic(s, "sm_90", 16, 4096, 4096).name == "gemm_16x64x128_w64x16_p12_s1_wg_tma_rs4"
+    assert planner.heuristic(s, "sm_90", 32, 4096, 14336).name == "gemm_16x64x128_w64x16_p12_s1_wg_tma_rs4"
+    if name != "w4a8_int8_g128":
+        assert planner.heuristic(s, "sm_90", 1024, 4096, 4096).name == "gemm_256x128x128_w64x256_p4_s1_wg_tma_rs"
+    big = planner.heuristic(s, "sm_90", 4096, 8192, 8192)      # (group scales, int32 out: no predecode)
+    assert big.predecode == (name in ("w4a8_int8", "bitnet_b158_a8")) and (big.predecode or big.rs)
+    assert not planner.heuristic(s, "sm_90", 8, 8192, 8192).rs
+    assert not planner.heuristic(s, "sm_90", 16, 8192, 8192, sms=132).tc

@@ -55,7 +55,8 @@ def test_rs_gemm_rules():
         "gptq_v2_w4a16_g128_repacked": "magic_int_zero/halves", "w2a16_g128": "magic/pairs",
         "bitnet_b158": "magic_cvt_scale/pairs", "bnb_nf4": "table_cvt_scale/pairs",
         "w1a16_g128": "magic_float_zero_minus_z/pairs", "fp8_e4m3_w8a16": "e4m3_cvt_scale/pairs",
-        "mxfp4": "fp4_cvt_scale/pairs"}
+        "mxfp4": "fp4_cvt_scale/pairs", "w4a8_int8": "widen/bytes", "bitnet_b158_a8": "widen/bytes",
+        "int8_int4_int32": "widen/bytes", "w4a8_int8_g128": "widen_int_zero_group/bytes"}
     # scale groups shorter than a k-tile: several scales a row and tile
     # (MXFP4's 32), but not in the 4-bit interleaved kernels run on the device
     assert planner.geometry(spec("mxfp4"), dataclasses.replace(c, BK=128), "sm_90")["spt"] == 4
@@ -63,7 +64,7 @@ def test_rs_gemm_rules():
     g64 = dataclasses.replace(sym, b=dataclasses.replace(sym.b, scale=dataclasses.replace(sym.b.scale, group=64)))
     with pytest.raises(planner.PlanError, match="scale groups of 64 split a 128-deep k-tile"):
         planner.geometry(g64, dataclasses.replace(c, BK=128), "sm_90")
-    assert {k.rsplit("/", 1)[1] for k in have.values()} == {"float16"}
+    assert {k.rsplit("/", 1)[1] for k in have.values()} == {"float16", "int8"}
     # bfloat16 activations: the same decoding, not yet run on the device
     bf = spec("w4a16_sym_g128")
     bf = dataclasses.replace(bf, a=dataclasses.replace(bf.a, dtype="bfloat16"),
@@ -82,6 +83,39 @@ def test_rs_gemm_rules():
     # its own register table: four 128-deep k-groups of 32 rows do not fit
     with pytest.raises(planner.PlanError, match="registers"):
         planner.geometry(gq, dataclasses.replace(c, BM=32, WN=32, BK=128, kgroups=4), "sm_90")
+
+
+def test_widened_codes_for_int8_activations():
+    """Sub-byte integer codes with int8 activations: the rs GEMM widens them
+    into the int8 wgmma's fragment registers (k32 steps, s32 sums), in
+    128-deep k-tiles of byte-lanes words; group scales flushed per group,
+    integer zero points, an int32 output; e4m3 activations and groups that
+    split a k-tile refused with the reason. Both kernels were checked on
+    the device (rs_verified: the heuristic's picks, test_heuristic)."""
+    c = planner.Config("gemm", 64, 128, 128, 64, 64, 4, 1, wgmma=True, tma=True, rs=True)
+    g = planner.geometry(spec("w4a8_int8"), c, "sm_90")
+    assert g["widen"] and g["acc_int"] and not g["flush"] and g["kernel"] == "widen/bytes"
+    assert (g["a_tile"], g["b_rowb"], g["wgmma_k"], g["wgmma_types"]) == (64 * 128, 64, 32, "s32.s8.s8")
+    assert planner.geometry(spec("bitnet_b158_a8"), c, "sm_90")["b_rowb"] == 32       # 2-bit codes
+    assert planner.geometry(spec("int8_int4_int32"), c, "sm_90")["widen"]             # the raw int32 sums
+    g = planner.geometry(spec("w4a8_int8_g128"), c, "sm_90")
+    assert g["flush"] and g["kernel"] == "widen_int_zero_group/bytes" and g["tpg"] == 1
+    for name, bad, why in (("w4a8_int8", dict(BK=64), "128-deep"),
+                           ("w4a8_fp8", {}, "int8 activations"),
+                           ("w4a8_int8_g128", dict(BM=256, WN=256), "no measured register need"),
+                           ("w4a8_int8", dict(stages=6, kgroups=4, BN=64), "split evenly")):
+        with pytest.raises(planner.PlanError, match=why):
+            planner.geometry(spec(name), dataclasses.replace(c, **bad), "sm_90")
+    g128 = spec("w4a8_int8_g128")
+    scale = lambda group: dataclasses.replace(g128, b=dataclasses.replace(  # noqa: E731
+        g128.b, scale=dataclasses.replace(g128.b.scale, group=group)))
+    with pytest.raises(planner.PlanError, match="whole k-tiles per group"):
+        planner.geometry(scale(64), c, "sm_90")
+    # a group of two k-tiles is one k-group's: the ring must hold whole groups for each
+    assert planner.geometry(scale(256), dataclasses.replace(c, kgroups=2, BN=64), "sm_90")["tpg"] == 2
+    with pytest.raises(planner.PlanError, match="whole 2-tile scale groups"):
+        planner.geometry(scale(256), dataclasses.replace(c, kgroups=2, BN=64, stages=6), "sm_90")
+    assert {"widen/bytes/int8", "widen_int_zero_group/bytes/int8"} <= hw.H200.rs_verified
 
 
 def _bf16(s):
