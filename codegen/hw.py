@@ -345,12 +345,13 @@ H200 = Calibration(
     # 1.10-1.17x over the two of 8 picked before where the H100 timed both;
     # on wider grids two k-groups won (4 of 4). MXFP4's pair-table kernel
     # too (8192^2, M = 64: 34.3 vs 36.9 us, H200; its code-by-code kernel
-    # 39.7 either way). The widened codes' (H100, empty DB, five shapes,
-    # M = 16-1024): four of 12 won 40 of 54 such records (most of the rest:
-    # the group kernel's two k-groups of 6-8 at 32-64 rows).
+    # 39.7 either way). The widened codes' with a channel or tensor scale
+    # (H100, empty DB, five shapes, M = 16-1024): four of 12 won 33 of 40
+    # such records; the group kernel's (its second set of sums) 32- and
+    # 64-row tiles took two of 6-8 in all 7, four up to 1.59x their time.
     # Source: docs/performance.md#heuristic
     rs_deep_kgroups=frozenset({"table_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16",
-                               "widen/bytes/int8", "widen_int_zero_group/bytes/int8"}),
+                               "widen/bytes/int8"}),
     # At M = 1 on 1024-row layers (6-8 warps per SM unsplit) the whole-K GEMV
     # beat the split-in-two one by 1.49-1.56x (4 records: H200 and H100), and
     # on 512-row ones (about 4 warps per SM) by 1.42-1.66x (5 records, four
