@@ -117,21 +117,31 @@ def _decoded(cfg: Config, num: Numerics, lay: Layout) -> Dict:
         spt = cfg.BK // num.group
     return dict(dec=dec, kernel=rs_kernel(num, dec, int_zero, pairs), pairs=pairs,
                 interleaved4=rs_pairs_are_interleaved4(pairs), w_rowb=w_rowb, spt=spt, ce=2,
-                widen=False, flush=False, acc_int=False)
+                widen=False, flush=False, flush_scaled=False, acc_int=False)
 
 
 def _widened_kernel(num: Numerics, lay: Layout) -> str:
     """The rs_regs name of the widened kernel for these numerics:
-    "widen[_int_zero][_group]/bytes" (integer zero points per group; group
-    scales flushed per group), or PlanError where codes cannot be widened."""
+    "widen[_e4m3][_int_zero][_group]/bytes" (e4m3 activations; integer zero
+    points per group; sums flushed per group: group scales, and e4m3's fp32
+    sums, which the fp8 wgmma does not keep in full), or PlanError where
+    codes cannot be widened."""
     check_byte_lanes(lay)
-    if num.mma != "int8":
-        raise PlanError("the rs GEMM widens codes for int8 activations (e4m3 ones: the cp.async "
-                        "and TMA GEMMs)")
+    if num.mma not in ("int8", "float8_e4m3"):
+        raise PlanError("the rs GEMM widens codes for int8 and e4m3 activations")
     if num.zero_kind not in ("none", "const", "int"):
         raise PlanError("widened codes take no, constant or integer zero points")
-    group = num.scale_gran == "group"
-    return "widen" + ("_int_zero" if num.zero_kind == "int" else "") + ("_group" if group else "") + "/bytes"
+    e4m3 = num.mma == "float8_e4m3"
+    return ("widen" + ("_e4m3" if e4m3 else "") + ("_int_zero" if num.zero_kind == "int" else "")
+            + ("_group" if _flushed(num) else "") + "/bytes")
+
+
+def _flushed(num: Numerics) -> bool:
+    """Whether the widened kernel flushes its sums into fp32 once per unit of
+    k-tiles: group scales (each group's sum scaled apart), and the fp8
+    wgmma, whose sums lose precision over K (hw.Wgmma.exact_acc; its units
+    are then single k-tiles: one scale group or none)."""
+    return num.scale_gran == "group" or not hw.WGMMAS[num.mma].exact_acc
 
 
 def _widened(cfg: Config, num: Numerics, lay: Layout) -> Dict:
@@ -146,13 +156,17 @@ def _widened(cfg: Config, num: Numerics, lay: Layout) -> Dict:
     kernel = _widened_kernel(num, lay)
     if cfg.BK != 128 or cfg.pair_table:
         raise PlanError("widened codes take 128-deep k-tiles (one 128-byte swizzle atom of "
-                        "int8 activations a row), no pair tables")
-    flush = num.scale_gran == "group"
-    if flush and num.group % cfg.BK:
+                        "8-bit activations a row), no pair tables")
+    group = num.scale_gran == "group"
+    if group and num.group % cfg.BK:
         raise PlanError(f"group scales of 8-bit products need whole k-tiles per group "
                         f"(BK {cfg.BK} does not divide {num.group})")
+    exact = hw.WGMMAS[num.mma].exact_acc
+    if group and not exact and num.group != cfg.BK:
+        raise PlanError(f"e4m3 sums are flushed every k-tile: scale groups of {cfg.BK}, not {num.group}")
     return dict(dec=decode_plan(lay, num), kernel=kernel, pairs=None, interleaved4=False,
-                w_rowb=cfg.BK * lay.bits // 8, spt=1, ce=1, widen=True, flush=flush, acc_int=True)
+                w_rowb=cfg.BK * lay.bits // 8, spt=1, ce=1, widen=True, flush=_flushed(num),
+                flush_scaled=group, acc_int=hw.MMAS[num.mma].acc == "s32")
 
 
 def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
@@ -236,7 +250,7 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
                 b_rows=cfg.BN, b_rowb=d["w_rowb"], a_tile=a_tile, w_tile=w_tile, smem=smem,
                 grid_tiles=(cfg.BN, cfg.BM), mma_ptx=mma.ptx, inflight=1,
                 target=hw.WGMMA_TARGET[a.name], wgmma_types=hw.WGMMAS[num.mma].types,
-                wgmma_k=hw.WGMMAS[num.mma].k, words=d["w_rowb"] // 4)
+                wgmma_k=hw.WGMMAS[num.mma].k, wgmma_tail=hw.WGMMAS[num.mma].tail, words=d["w_rowb"] // 4)
 
 
 FAMILY = Family("rs", geometry, kind=lambda cfg, g: "gemm_rs", grid=grid, shape_ok=stored_rows_ok,

@@ -206,17 +206,18 @@ def test_rs_gemm_sass_and_resources(name, kernel):
 @pytest.mark.slow
 @pytest.mark.parametrize("name,kernel", [("w4a8_int8", "widen/bytes"), ("bitnet_b158_a8", "widen/bytes"),
                                          ("int8_int4_int32", "widen/bytes"),
-                                         ("w4a8_int8_g128", "widen_int_zero_group/bytes")])
+                                         ("w4a8_int8_g128", "widen_int_zero_group/bytes"),
+                                         ("w4a8_fp8", "widen_e4m3_group/bytes")])
 def test_rs_widened_sass_and_resources(name, kernel):
-    """The rs GEMM of sub-byte codes widened for int8 activations (4-bit
+    """The rs GEMM of sub-byte codes widened for 8-bit activations (4-bit
     with a channel scale, 2-bit ternary with a tensor one, signed 4-bit into
-    an int32 output, 4-bit with integer zero points and group scales), each
-    kind of config in its deepest ring: no spills or local memory, TMA and
-    IGMMA in the SASS, no cp.async, wgmma not serialized; with the planner's
+    an int32 output, 4-bit with integer zero points and group scales; e4m3
+    activations with bf16 group scales), each kind of config in its deepest
+    ring: no spills or local memory, TMA and IGMMA (QGMMA) in the SASS, no cp.async, wgmma not serialized; with the planner's
     register table no config spills in the shallowest ring either, and
     ptxas held some config of each (BK, BM) within the table."""
     s = planner.execution_spec(spec(name), "sm_90")
-    assert planner.rs.kernel_class(s, "sm_90") == kernel + "/int8"
+    assert planner.rs.kernel_class(s, "sm_90") == f"{kernel}/{s.a.dtype}"
     table = planner.RS_REGS[kernel]
     rings = {}
     for M in (16, 64, 256):

@@ -56,7 +56,8 @@ def test_rs_gemm_rules():
         "bitnet_b158": "magic_cvt_scale/pairs", "bnb_nf4": "table_cvt_scale/pairs",
         "w1a16_g128": "magic_float_zero_minus_z/pairs", "fp8_e4m3_w8a16": "e4m3_cvt_scale/pairs",
         "mxfp4": "fp4_cvt_scale/pairs", "w4a8_int8": "widen/bytes", "bitnet_b158_a8": "widen/bytes",
-        "int8_int4_int32": "widen/bytes", "w4a8_int8_g128": "widen_int_zero_group/bytes"}
+        "int8_int4_int32": "widen/bytes", "w4a8_int8_g128": "widen_int_zero_group/bytes",
+        "w4a8_fp8": "widen_e4m3_group/bytes"}
     # scale groups shorter than a k-tile: several scales a row and tile
     # (MXFP4's 32), but not in the 4-bit interleaved kernels run on the device
     assert planner.geometry(spec("mxfp4"), dataclasses.replace(c, BK=128), "sm_90")["spt"] == 4
@@ -64,7 +65,7 @@ def test_rs_gemm_rules():
     g64 = dataclasses.replace(sym, b=dataclasses.replace(sym.b, scale=dataclasses.replace(sym.b.scale, group=64)))
     with pytest.raises(planner.PlanError, match="scale groups of 64 split a 128-deep k-tile"):
         planner.geometry(g64, dataclasses.replace(c, BK=128), "sm_90")
-    assert {k.rsplit("/", 1)[1] for k in have.values()} == {"float16", "int8"}
+    assert {k.rsplit("/", 1)[1] for k in have.values()} == {"float16", "int8", "float8_e4m3"}
     # bfloat16 activations: the same decoding, not yet run on the device
     bf = spec("w4a16_sym_g128")
     bf = dataclasses.replace(bf, a=dataclasses.replace(bf.a, dtype="bfloat16"),
@@ -86,11 +87,11 @@ def test_rs_gemm_rules():
 
 
 def test_widened_codes_for_int8_activations():
-    """Sub-byte integer codes with int8 activations: the rs GEMM widens them
-    into the int8 wgmma's fragment registers (k32 steps, s32 sums), in
-    128-deep k-tiles of byte-lanes words; group scales flushed per group,
-    integer zero points, an int32 output; e4m3 activations and groups that
-    split a k-tile refused with the reason. Both kernels were checked on
+    """Sub-byte integer codes with 8-bit activations: the rs GEMM widens them
+    into the int8 (e4m3) wgmma's fragment registers (k32 steps, s32 sums;
+    e4m3's fp32 sums flushed every k-tile), in 128-deep k-tiles of
+    byte-lanes words; group scales flushed per group, integer zero points,
+    an int32 output; groups that split a k-tile refused with the reason. Both kernels were checked on
     the device (rs_verified: the heuristic's picks, test_heuristic)."""
     c = planner.Config("gemm", 64, 128, 128, 64, 64, 4, 1, wgmma=True, tma=True, rs=True)
     g = planner.geometry(spec("w4a8_int8"), c, "sm_90")
@@ -100,8 +101,14 @@ def test_widened_codes_for_int8_activations():
     assert planner.geometry(spec("int8_int4_int32"), c, "sm_90")["widen"]             # the raw int32 sums
     g = planner.geometry(spec("w4a8_int8_g128"), c, "sm_90")
     assert g["flush"] and g["kernel"] == "widen_int_zero_group/bytes" and g["tpg"] == 1
+    # e4m3 activations: the fp8 wgmma's fp32 sums flushed every k-tile, with its group scale
+    g = planner.geometry(spec("w4a8_fp8"), c, "sm_90")
+    assert g["flush"] and g["flush_scaled"] and not g["acc_int"] and g["wgmma_types"] == "f32.e4m3.e4m3"
+    fp8 = spec("w4a8_fp8")
+    fp8_256 = dataclasses.replace(fp8, b=dataclasses.replace(fp8.b, scale=dataclasses.replace(fp8.b.scale, group=256)))
+    with pytest.raises(planner.PlanError, match="flushed every k-tile"):
+        planner.geometry(fp8_256, c, "sm_90")
     for name, bad, why in (("w4a8_int8", dict(BK=64), "128-deep"),
-                           ("w4a8_fp8", {}, "int8 activations"),
                            ("w4a8_int8_g128", dict(BM=256, WN=256), "no measured register need"),
                            ("w4a8_int8", dict(stages=6, kgroups=4, BN=64), "split evenly")):
         with pytest.raises(planner.PlanError, match=why):
