@@ -313,10 +313,12 @@ H200 = Calibration(
     # and 27.5 us against their tensor-core GEMV's 40.3, 49.8, 60.1 and 36.7;
     # on the H200 2-bit's and ternary's 25.7 and 25.1 against the tuned
     # GEMVs' 27.4 and 27.1. Source: docs/performance.md#heuristic
-    # Codes widened for int8 activations (H100, empty DB, M = 16): their rs
-    # GEMM beat the heuristic's 16-row GEMMs by 1.3-2.4x at 8192^2, 4096^2,
-    # 28672 x 8192, 4096 x 14336 and 1024 x 4096 (no tensor-core GEMV for
-    # them past M = 1: a8_gemv_max_m). Source: docs/performance.md#heuristic
+    # Codes widened for int8 activations (H100, empty DB, M = 16, five
+    # shapes): their rs GEMM won 15 of 20 records, 1.07-2.44x over the
+    # heuristic's 16-row GEMMs; split-K mma.sync won twice at 4096 x 14336
+    # (BitNet A8 1.13x over the rs GEMM) and the tensor-core GEMV three
+    # times at 1024 x 4096 (not a pick for them past M = 1: a8_gemv_max_m).
+    # Source: docs/performance.md#heuristic
     rs_from_m9=frozenset({"magic/halves/float16", "magic_int_zero/halves/float16",
                           "table_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16",
                           "e4m3_cvt_scale/pairs/float16", "magic_float_zero_minus_z/pairs/float16",
@@ -328,8 +330,9 @@ H200 = Calibration(
     # at N = 4096 and 1024 (0.48 x and below) the GEMV won 2 of 3 (the rule
     # misses the third by 1.09x). Source: docs/performance.md#heuristic
     rs_from_m9_fill=0.5,
-    # The widened codes' rs GEMM on every layer (above: their alternative is
-    # no GEMV). Source: docs/performance.md#heuristic
+    # The widened codes' rs GEMM on every layer (above: where it lost, by
+    # up to 1.13x, to kernels the rules would not pick).
+    # Source: docs/performance.md#heuristic
     rs_from_m9_fill_of={"widen/bytes/int8": 0.0, "widen_int_zero_group/bytes/int8": 0.0},
     # NF4 on 1024-row layers at M = 17-64 (0.24-0.48 x the SMs in rs
     # blocks): split-K GEMMs beat its rs GEMM by 1.65x and 1.75x at 17-32

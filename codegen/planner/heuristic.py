@@ -228,9 +228,10 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     gemv = [c for c in cands if c.family == "gemv" and not c.tc]
     want = 15 * sms // 8
     # At M = 2-4 on layers too narrow for ~2 tensor-core GEMV blocks per SM
-    # the row GEMV below won every record timed (H100, empty DB: 512 x 3584
-    # and gpt-oss-20b's K = 2880 layers, 16 records, 1.1-3.4x over the
-    # tensor-core GEMV; docs/performance.md#heuristic).
+    # the row GEMV below won 19 of 21 records (H100, empty DB: 512 x 3584
+    # and gpt-oss-20b's K = 2880 layers, 1.1-3.4x over the tensor-core
+    # GEMV; fp16's two 512-row layers took split-K GEMMs;
+    # docs/performance.md#heuristic).
     tc_starved = all(blocks(spec, c, M, N) < want for c in tc)
     if mma_sync:
         cands = mma_sync

@@ -515,14 +515,16 @@ def test_a8_specs_check(path, capsys):
 
 
 def test_fp8_activations_with_sub_byte_weights_run_everywhere():
-    """sm_89+: codes widened to e4m3 for the fp8 MMA; sm_80 (no e4m3 MMA):
-    activations and codes widened to fp16 (above M = 16, where the GEMVs stop: the
-    cp.async GEMM only)."""
+    """sm_89+: codes widened to e4m3 for the fp8 MMA (sm_90: also into the
+    rs GEMM's e4m3 wgmma registers); sm_80 (no e4m3 MMA): activations and
+    codes widened to fp16 (above M = 16, where the GEMVs stop: the cp.async
+    GEMM only)."""
     s = load_spec(A8_PATHS["w4a8_fp8"])
     for arch in ("sm_90", "sm_80"):
         cands = planner.candidates(s, arch, 64, 4096, 4096)
-        assert cands and all(c.family == "gemm" and not c.tma and not c.rs and not c.predecode
+        assert cands and all(c.family == "gemm" and (c.rs or not c.tma) and not c.predecode
                              for c in cands)
+        assert any(c.rs for c in cands) == (arch == "sm_90")
     assert planner.geometry(s, cands[0], "sm_80")["a_decode"]
 
 

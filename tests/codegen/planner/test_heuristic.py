@@ -109,7 +109,7 @@ def test_tensor_core_gemv_on_narrow_layers():
         assert c.name == want, (name, c.name)
     c = planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 16, 4096, 4096, sms=132)
     assert c.name == "gemv_m16_w8_v16_s8_tc"
-    # M = 2-4 there: the row GEMV (it won all 16 such records, H100: 512 x
+    # M = 2-4 there: the row GEMV (it won 19 of 21 such records, H100: 512 x
     # 3584 and gpt-oss-20b's K = 2880 layers, 1.1-3.4x); wide layers keep
     # the tensor-core GEMV
     for name, (N, K) in (("w4a16_sym_g128", (512, 3584)), ("mxfp4", (4096, 2880)), ("bnb_nf4", (2880, 2880))):
