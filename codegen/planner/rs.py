@@ -145,14 +145,15 @@ def _flushed(num: Numerics) -> bool:
 
 
 def _widened(cfg: Config, num: Numerics, lay: Layout) -> Dict:
-    """int8 activations: sub-byte integer codes widened to int8 q - z in the
-    int8 wgmma's fragment registers. In the byte-lanes words (lower's widen
-    decode) a fragment register's four codes (k = 4q .. 4q + 3 of one half
-    of a k32 step) are one shift and mask apart, and with the row's bias one
-    add and one xor make them int8 (widen_frag in gemm_rs.cu.j2). Channel
-    and tensor scales apply to the whole sum (the epilogue); group scales to
-    each group's sum, flushed into fp32 once its last k-tile is done (every
-    k-tile waits for its wgmma in this kernel anyway)."""
+    """8-bit activations: sub-byte integer codes widened to int8 (e4m3)
+    q - z in the 8-bit wgmma's fragment registers. In the byte-lanes words
+    (lower's widen decode) a fragment register's four codes (k = 4q .. 4q +
+    3 of one half of a k32 step) are one shift and mask apart, and with the
+    row's bias one add and one xor make them int8 (e4m3x4 makes them e4m3;
+    widen_frag in gemm_rs.cu.j2). Channel and tensor scales apply to the
+    whole sum (the epilogue); group scales to each group's sum, flushed into
+    fp32 once its last k-tile is done (every k-tile waits for its wgmma in
+    this kernel anyway; e4m3's sums are flushed every k-tile: _flushed)."""
     kernel = _widened_kernel(num, lay)
     if cfg.BK != 128 or cfg.pair_table:
         raise PlanError("widened codes take 128-deep k-tiles (one 128-byte swizzle atom of "
