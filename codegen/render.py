@@ -113,10 +113,11 @@ def render(spec: Spec, cfg: planner.Config, arch: str, probes: frozenset = froze
     _check_pdl(pdl, arch)
     plan = plan or planner.plan(spec, cfg, arch)
     g, kind = plan.consts, plan.kind
-    unknown = set(probes) - _probes(plan)
+    have = _probes(plan)
+    unknown = set(probes) - have
     if unknown:
         raise ValueError(f"the {kind} kernel has no probe {', '.join(sorted(unknown))} "
-                         f"(it has: {', '.join(sorted(_probes(plan))) or 'none'})")
+                         f"(it has: {', '.join(sorted(have)) or 'none'})")
     num = planner.kernel_numerics(spec, cfg, arch)
     lay = weight_layout(spec)
     dec = g.get("dec") or decode_plan(lay, num)     # the GEMV may pair codes by byte

@@ -232,7 +232,8 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # and gpt-oss-20b's K = 2880 layers, 1.1-3.4x over the tensor-core
     # GEMV; fp16's two 512-row layers took split-K GEMMs;
     # docs/performance.md#heuristic).
-    tc_starved = all(blocks(spec, c, M, N) < want for c in tc)
+    tc_blocks = {c: blocks(spec, c, M, N) for c in tc}
+    tc_starved = all(n < want for n in tc_blocks.values())
     if mma_sync:
         cands = mma_sync
     elif 2 <= M <= 16 and tc and not (M <= 4 and tc_starved and gemv):
@@ -246,10 +247,10 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
         if tc_starved:
             wide = min(8, max(c.vbytes for c in tc))
             return min((c for c in tc if c.vbytes >= wide),
-                       key=lambda c: (-blocks(spec, c, M, N), -c.vbytes, c.warps != 8, c.split_k))
+                       key=lambda c: (-tc_blocks[c], -c.vbytes, c.warps != 8, c.split_k))
 
         def tscore(c: Config):
-            return (blocks(spec, c, M, N) < want, -c.vbytes, c.warps != 8, c.split_k)
+            return (tc_blocks[c] < want, -c.vbytes, c.warps != 8, c.split_k)
         return min(tc, key=tscore)
     if M <= 4 and gemv:
         # A grid fills the device at 12 warps per SM (gemv_fill); a split-K

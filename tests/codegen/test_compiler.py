@@ -146,6 +146,18 @@ def test_tma_decode_sass_and_resources(name):
         _check_sm90_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
 
 
+def _rs_rings(s, keep) -> dict:
+    """The rs configs of s that keep(c) accepts at 8192^2, M = 16, 64, 256,
+    as {(BM, BN, BK, k-groups): {stages: config}}: each kind of config and
+    its rings."""
+    rings = {}
+    for M in (16, 64, 256):
+        for c in planner.candidates(s, "sm_90", M, 8192, 8192):
+            if keep(c):
+                rings.setdefault((c.BM, c.BN, c.BK, c.kgroups), {})[c.stages] = c
+    return rings
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name,kernel", [("w4a16_sym_g128", "magic/halves"),
                                          ("gptq_v1_w4a16_g128_repacked", "magic_int_zero/halves"),
@@ -172,11 +184,8 @@ def test_rs_gemm_sass_and_resources(name, kernel):
     s = planner.execution_spec(spec(name), "sm_90")
     assert planner.rs.kernel_class(s, "sm_90") == kernel + "/float16"
     table = planner.RS_REGS[kernel]
-    rings = {}
-    for M in (16, 64, 256):
-        for c in planner.candidates(s, "sm_90", M, 8192, 8192):
-            if c.rs and not c.pair_table:          # (pair tables: test_rs_pair_table_sass_and_resources)
-                rings.setdefault((c.BM, c.BN, c.BK, c.kgroups), {})[c.stages] = c
+    # (pair tables: test_rs_pair_table_sass_and_resources)
+    rings = _rs_rings(s, lambda c: c.rs and not c.pair_table)
     deepest = [r[max(r)] for r in rings.values()]
     # (NF4's scale groups of 64 take only 64-deep k-tiles; 1-bit rows of a
     # 64-deep tile are 8 bytes, under the 16-byte loads: only 128-deep ones)
@@ -213,17 +222,14 @@ def test_rs_widened_sass_and_resources(name, kernel):
     with a channel scale, 2-bit ternary with a tensor one, signed 4-bit into
     an int32 output, 4-bit with integer zero points and group scales; e4m3
     activations with bf16 group scales), each kind of config in its deepest
-    ring: no spills or local memory, TMA and IGMMA (QGMMA) in the SASS, no cp.async, wgmma not serialized; with the planner's
-    register table no config spills in the shallowest ring either, and
+    ring: no spills or local memory, TMA and IGMMA (QGMMA) in the SASS, no
+    cp.async, wgmma not serialized; with the planner's register table no
+    config spills in the shallowest ring either, and
     ptxas held some config of each (BK, BM) within the table."""
     s = planner.execution_spec(spec(name), "sm_90")
     assert planner.rs.kernel_class(s, "sm_90") == f"{kernel}/{s.a.dtype}"
     table = planner.RS_REGS[kernel]
-    rings = {}
-    for M in (16, 64, 256):
-        for c in planner.candidates(s, "sm_90", M, 8192, 8192):
-            if c.rs:
-                rings.setdefault((c.BM, c.BN, c.BK, c.kgroups), {})[c.stages] = c
+    rings = _rs_rings(s, lambda c: c.rs)
     deepest = [r[max(r)] for r in rings.values()]
     assert len(deepest) >= 8 and {c.BM for c in deepest} >= {16, 32, 64, 128}
     least = {}
@@ -258,11 +264,7 @@ def test_rs_pair_table_sass_and_resources(name):
     replaced by prmt + lea + lds, 1072 -> 904)."""
     s = planner.execution_spec(spec(name), "sm_90")
     table = planner.RS_REGS["pair_table_cvt_scale/pairs"]
-    rings = {}
-    for M in (16, 64, 256):
-        for c in planner.candidates(s, "sm_90", M, 8192, 8192):
-            if c.pair_table:
-                rings.setdefault((c.BM, c.BN, c.BK, c.kgroups), {})[c.stages] = c
+    rings = _rs_rings(s, lambda c: c.pair_table)
     deepest = [r[max(r)] for r in rings.values()]
     assert len(deepest) >= 30 and {c.BK for c in deepest} == {64, 128}
     least, shorter = {}, 0
