@@ -160,13 +160,13 @@ class Calibration:
     # widened once into int8 ones for int8 activations). The heuristic picks
     # no other (the tuner times every one, and keeps only those it verified).
     a8_verified: FrozenSet[str] = frozenset()
-    # Up to which M the heuristic takes a GEMV (activations staged as fp16
-    # values) for 8-bit activations and sub-byte codes, checked against the
-    # reference and timed on this device; 0: none (the tuner's to time).
+    # Up to which M the heuristic takes the int8 GEMV (planner.gemv.int_dot:
+    # int8 activations, integer codes), checked against the reference and
+    # timed on this device; 0: none (the tuner's to time).
+    int8_gemv_max_m: int = 0
+    # The same for the GEMVs that stage 8-bit activations as fp16 values
+    # (e4m3 activations; the tensor-core GEMV's int8 ones), sub-byte codes.
     a8_gemv_max_m: int = 0
-    # The largest (N, K) on which the heuristic takes the GEMV of int8 codes
-    # with int8 activations at M = 1; (0, 0): none.
-    a8_gemv_int8_max_nk: Tuple[int, int] = (0, 0)
     # Whether the TMA GEMM's in-flight sums (Config.inflight_sums) were
     # checked against the reference and timed faster than the one-set
     # kernel on this device: until then the heuristic picks the one-set
@@ -297,8 +297,10 @@ H200 = Calibration(
                            "table_cvt_scale/pairs/float16", "magic_float_zero_minus_z/pairs/float16",
                            "e4m3_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16",
                            # codes widened for int8 activations: every config of the four
-                           # specs at odd M, N, K on an H100 (docs/performance.md#rs-gemm)
-                           "widen/bytes/int8", "widen_int_zero_group/bytes/int8"}),
+                           # specs at odd M, N, K on an H100 (docs/performance.md#rs-gemm);
+                           # for e4m3 ones (w4a8_fp8) likewise
+                           "widen/bytes/int8", "widen_int_zero_group/bytes/int8",
+                           "widen_e4m3_group/bytes/float8_e4m3"}),
     # Fitted to the tuned records (the rs specs at the bench's and
     # Llama-3-8B's shapes): with it the heuristic's rs tile is the winner's
     # in 132 of the shipped DB's 143 rs records; 32-256 do nearly as well, 0
@@ -323,7 +325,8 @@ H200 = Calibration(
                           "table_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16",
                           "e4m3_cvt_scale/pairs/float16", "magic_float_zero_minus_z/pairs/float16",
                           "magic/pairs/float16", "magic_cvt_scale/pairs/float16",
-                          "widen/bytes/int8", "widen_int_zero_group/bytes/int8"}),
+                          "widen/bytes/int8", "widen_int_zero_group/bytes/int8",
+                          "widen_e4m3_group/bytes/float8_e4m3"}),
     # They won at N = 5120 too (0.61 x the SMs: Qwen2.5-14B, tuned on an
     # H100) by 1.25x and 1.58x, and at N = 4608 (0.55 x: Qwen2.5-7B's fused
     # q / k / v, H100) by 1.35x, 1.45x and 1.65x (w4a16_sym, NF4, MXFP4);
@@ -331,9 +334,11 @@ H200 = Calibration(
     # misses the third by 1.09x). Source: docs/performance.md#heuristic
     rs_from_m9_fill=0.5,
     # The widened codes' rs GEMM on every layer (above: where it lost, by
-    # up to 1.13x, to kernels the rules would not pick).
-    # Source: docs/performance.md#heuristic
-    rs_from_m9_fill_of={"widen/bytes/int8": 0.0, "widen_int_zero_group/bytes/int8": 0.0},
+    # up to 1.13x, to kernels the rules would not pick). e4m3 activations
+    # (w4a8_fp8, H100, empty DB, 8192^2): it won at M = 16, 128 and 1024,
+    # 1.61-1.91x over the picks before. Source: docs/performance.md#heuristic
+    rs_from_m9_fill_of={"widen/bytes/int8": 0.0, "widen_int_zero_group/bytes/int8": 0.0,
+                        "widen_e4m3_group/bytes/float8_e4m3": 0.0},
     # NF4 on 1024-row layers at M = 17-64 (0.24-0.48 x the SMs in rs
     # blocks): split-K GEMMs beat its rs GEMM by 1.65x and 1.75x at 17-32
     # (mma.sync), 1.37x and 1.66x at 33-64 (wgmma) (H100, H200); the 4-bit
@@ -369,20 +374,24 @@ H200 = Calibration(
     # M = 1 all without it (7 shapes).
     # Source: docs/performance.md#gemv
     gemv_no_prefetch=frozenset({"table"}),
-    # 8192^2 (H200): at M = 1 the row GEMV beat the best GEMM by 1.16x
-    # (w4a8_int8 16.7 vs 19.3 us) and 1.07x (bitnet_b158_a8 15.3 vs 16.4);
-    # at M = 4 the GEMMs won 2 of 2 against the row GEMV (1.29-1.44x) and 1
-    # of 2 against the tensor-core one; at 8 and 16 all. (The other sub-byte
-    # A8 specs run the same GEMV with other scales, untimed.)
+    # The int8 GEMV, H100 (132 SMs, as the H200), empty DB: at M = 1 and 2
+    # it won all 50 buckets of w4a8_int8, its g128 form, bitnet_b158_a8,
+    # w8a8_int8 and int8_int4_int32 at 8192^2, 4096^2, 1024 x 4096, 28672 x
+    # 8192 and 4096 x 14336, 1.05-4.4x over the picks before (the fp16-staged
+    # GEMV at M = 1, GEMMs above); at M = 4 (8192^2) 1.07-1.40x; at M = 8 it
+    # lost wherever mmax 8 needs split-K (8192^2 and up). At M = 2-4 only
+    # unsplit (heuristic.a8_pickable): where mmax 4 needs split-K (K >=
+    # 13824) the GEMM or the tensor-core GEMV won all 10 such records
+    # (1.14-1.69x over the split int8 GEMV); at M = 1 the split one held.
+    # Source: docs/performance.md#widened-codes-8-bit-activations
+    int8_gemv_max_m=4,
+    # 8192^2 (H200): at M = 1 the fp16-staged row GEMV beat the best GEMM by
+    # 1.16x (w4a8_int8 16.7 vs 19.3 us, before the int8 GEMV) and 1.07x
+    # (bitnet_b158_a8 15.3 vs 16.4); at M = 4 the GEMMs won 2 of 2 against
+    # the row GEMV (1.29-1.44x) and 1 of 2 against the tensor-core one. Its
+    # e4m3 activations run the same GEMV, untimed.
     # Source: docs/performance.md#widened-codes-8-bit-activations
     a8_gemv_max_m=1,
-    # W8A8 at M = 1: the GEMV of int8 codes won at 1024 x 4096, 4096^2 and
-    # 6144 x 4096 on the H200 (1.19-1.34x over the GEMM picked) and at every
-    # layer of K = 3584 on an H100 (Qwen2.5-7B, 1.09-1.51x); the GEMM won at
-    # 14336 and 28672 x 4096, 8192^2 and every K >= 14336 (H200) and at
-    # 3584 x 18944 (H100). (fp8 codes: their GEMV lost at 4096^2, H200.)
-    # Source: docs/performance.md#heuristic
-    a8_gemv_int8_max_nk=(6144, 4096),
     # w4a8_int8 and bitnet_b158_a8 at 4096^2, 8192^2 and 28672 x 8192, M =
     # 16-256, tuned on an empty DB (H100, same SM count): the winners were
     # whole-K tiles at every M from 17 (wgmma ones in 11 of 12 buckets to

@@ -16,6 +16,7 @@ TEMPLATES = {
     "gemm_tma": "gemm_tma.cu.j2",    # warp-specialized GEMM: TMA ring, wgmma (Config.tma)
     "gemm_rs": "gemm_rs.cu.j2",      # rs GEMM: weights decoded into wgmma's register operand
     "gemv_row": "gemv_row.cu.j2",    # SIMT GEMV, weights stored [N, K]
+    "gemv_int8": "gemv_int8.cu.j2",  # its int8 form: int8 activations, integer codes (dp4a)
     "gemv_tc": "gemv_tc.cu.j2",      # tensor-core GEMV, weights stored [N, K] (Config.tc)
     "gemv_col": "gemv_col.cu.j2",    # SIMT GEMV, weights stored [K, N]
     "dequant": "dequant.cu.j2",      # a predecode config's first stage

@@ -10,7 +10,7 @@ from .. import hw
 from ..lower import numerics, vector, weight_layout
 from ..spec import A8_DTYPES, Spec, weight_code
 from .config import Config, PlanError
-from .gemv import gemv_run
+from .gemv import gemv_run, int_dot
 from .registry import blocks
 from .rs import kernel_class
 from .space import candidates
@@ -25,21 +25,19 @@ def rs_pickable(spec: Spec, arch: str) -> bool:
 
 def a8_pickable(spec: Spec, cfg: Config, arch: str, M: int, N: int, K: int) -> bool:
     """Whether the heuristic may pick cfg at M for its activations: for
-    8-bit activations a GEMV of sub-byte codes up to
-    hw.Calibration.a8_gemv_max_m, of int8 codes at M = 1 on sm_90 layers up
-    to hw.Calibration.a8_gemv_int8_max_nk (larger ones: the GEMM won), a
-    predecode config only once checked on the device
-    (hw.Calibration.a8_verified); the others are the tuner's to time
-    (docs/performance.md#widened-codes-8-bit-activations)."""
+    8-bit activations the int8 GEMV up to hw.Calibration.int8_gemv_max_m
+    (from M = 2 unsplit: where its rows need split-K the GEMMs won), another
+    GEMV of sub-byte codes up to hw.Calibration.a8_gemv_max_m (none
+    of 8-bit codes: fp8's lost to the GEMM), a predecode config only once
+    checked on the device (hw.Calibration.a8_verified); the others are the
+    tuner's to time (docs/performance.md#widened-codes-8-bit-activations)."""
     if spec.a.dtype not in A8_DTYPES:
         return True
     cal = hw.calibration(arch)
     if cfg.family == "gemv":
-        if weight_code(spec.b).bits < 8:
-            return M <= cal.a8_gemv_max_m
-        max_n, max_k = cal.a8_gemv_int8_max_nk      # (timed on sm_90 only)
-        return (spec.b.dtype == "int8" and hw.arch(arch).wgmma and M == 1
-                and N <= max_n and K <= max_k)
+        if int_dot(spec, cfg):
+            return M <= cal.int8_gemv_max_m and (M == 1 or cfg.split_k == 1)
+        return weight_code(spec.b).bits < 8 and M <= cal.a8_gemv_max_m
     return not cfg.predecode or f"predecode/{spec.a.dtype}" in cal.a8_verified
 
 

@@ -32,9 +32,11 @@ def family_of(cfg: Config) -> Family:
 def kernel_numerics(spec: Spec, cfg: Config, arch: str):
     """The numerics (lower.Numerics) cfg's kernel computes in: the spec's,
     except that the GEMVs stage 8-bit activations as fp16 values (code x
-    a_scale[m]) and decode the weights to fp16 (lower.numerics a_to_f16)."""
+    a_scale[m]) and decode the weights to fp16 (lower.numerics a_to_f16),
+    but for the int8 GEMV (gemv.int_dot: int8 codes and int32 sums)."""
     return numerics(spec, fp8_mma=hw.arch(arch).fp8_mma,
-                    a_to_f16=cfg.family == "gemv" and spec.a.dtype in A8_DTYPES)
+                    a_to_f16=(cfg.family == "gemv" and spec.a.dtype in A8_DTYPES
+                              and not gemv.int_dot(spec, cfg)))
 
 
 def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
@@ -47,13 +49,15 @@ def geometry(spec: Spec, cfg: Config, arch: str) -> Dict:
     # e4m3 MMA (sm_80) both operands are widened to fp16 (a_decode). The TMA
     # GEMM's producer warpgroup widens them into the stage (channel or tensor
     # scales: planner.tma); the rs GEMM into its int8 fragment registers
-    # (int8 activations: planner.rs). The GEMVs take the activations as fp16
-    # values (kernel_numerics); predecode widens the codes once, for the
-    # dense 8-bit GEMMs.
-    if spec.out.dtype in INT_OUT_DTYPES and (family_of(cfg) not in (FAMILIES["gemm"], FAMILIES["rs"])
-                                             or cfg.predecode):
-        raise PlanError(f"only the cp.async and rs GEMMs write an {spec.out.dtype} output (the raw "
-                        f"accumulator)")
+    # (int8 activations: planner.rs). The int8 GEMV multiplies int8 codes
+    # (gemv.int_dot), the other GEMVs take the activations as fp16 values
+    # (kernel_numerics); predecode widens the codes once, for the dense 8-bit
+    # GEMMs.
+    int_out_ok = (family_of(cfg) in (FAMILIES["gemm"], FAMILIES["rs"]) and not cfg.predecode
+                  or cfg.family == "gemv" and gemv.int_dot(spec, cfg))
+    if spec.out.dtype in INT_OUT_DTYPES and not int_out_ok:
+        raise PlanError(f"only the cp.async and rs GEMMs and the int8 GEMV write an "
+                        f"{spec.out.dtype} output (the raw accumulator)")
     w = spec.b
     if w is not None and ((w.pack and w.pack.planes) or (w.zero.pack and w.zero.pack.planes)):
         # No kernel reads planes: opgen.load and build run the execution spec.

@@ -9,7 +9,8 @@ from opgen.codegen.resolve import as_spec
 # (spec, arch, M): among them every kind has a candidate (checked by the users)
 _SEARCH = [("w4a16_sym_g128", "sm_90", 1), ("w4a16_sym_g128", "sm_90", 16),
            ("w4a16_sym_g128", "sm_90", 256), ("awq_w4a16_g128", "sm_90", 1),
-           ("awq_w4a16_g128", "sm_90", 4096), ("fp16", "sm_90", 256), ("w8a8_int8", "sm_80", 256)]
+           ("awq_w4a16_g128", "sm_90", 4096), ("fp16", "sm_90", 256), ("w8a8_int8", "sm_80", 256),
+           ("bitnet_b158_a8", "sm_90", 1)]
 
 
 @functools.lru_cache(maxsize=1)

@@ -322,33 +322,47 @@ def test_widened_codes_every_config(name):
         _check_sm90_kernel(s, cfg, forbidden="LDL|STL|LDGSTS" if cfg.tma else "LDL|STL")
 
 
-A8_GEMV_SPECS = [n for n in SPECS if spec(n).op == "matmul" and spec(n).a.dtype in ("int8", "float8_e4m3")
-                 and spec(n).out.dtype != "int32"]
+A8_GEMV_SPECS = [n for n in SPECS if spec(n).op == "matmul" and spec(n).a.dtype in ("int8", "float8_e4m3")]
 
 
 @pytest.mark.parametrize("name,arch", [(n, "sm_90") for n in A8_GEMV_SPECS]
                          + [("w4a8_int8_g128", "sm_80"), ("w4a8_fp8", "sm_80")])
 def test_a8_gemvs(name, arch):
-    """8-bit activations on the GEMVs (staged as fp16 values, code x
-    a_scale[m]): the row, prefetching and tensor-core kinds at M = 1 and 16
-    compile, their sums not scaled by a_scale again in the epilogue; on
-    sm_90 with no spills or local memory (HMMA in the tensor-core one). (On
-    sm_80 ptxas spills 4-12 bytes in some fp8-activation ones, with 72-96
-    registers: compiler.default_config passes over spilling picks.)"""
+    """8-bit activations on the GEMVs: the row, prefetching and tensor-core
+    kinds at M = 1 and 16 compile. The int8 GEMV (int8 activations, integer
+    codes: planner.gemv.int_dot) multiplies the codes as they are (IDP in
+    the SASS, no fp16 math, a_scale in the epilogue); the others stage fp16
+    values, code x a_scale[m], their sums not scaled by a_scale again in the
+    epilogue. On sm_90 no spills or local memory (HMMA in the tensor-core
+    one). (On sm_80 ptxas spills 4-12 bytes in some fp8-activation ones,
+    with 72-96 registers: compiler.default_config passes over spilling picks.)"""
     s = planner.execution_spec(spec(name), arch)
     seen = set()
     for M in (1, 16):
-        for c in planner.candidates(s, arch, M, 8192, 8192):
+        for c in planner.candidates(s, arch, M, 4096, 4096):
             kind = (c.tc, c.prefetch, c.mmax)
             if c.family != "gemv" or kind in seen:
                 continue
             seen.add(kind)
             k = compiler.compile_kernel(s, c, arch)
-            epilogue = k.source.split("DEV float epilogue_value(")[1].split("\n}\n")[0]
-            assert "act_value" in k.source and "a_scale + m" not in epilogue, c.name
+            int8 = planner.plan(s, c, arch).kind == "gemv_int8"
+            assert int8 == (s.a.dtype == "int8" and not c.tc), c.name
+            epilogue = k.source.split("DEV float epilogue_value(")[-1].split("\n}\n")[0]
+            if s.out.dtype == "int32":
+                assert int8 and "epilogue_value(" not in k.source, c.name
+            elif int8:
+                assert "act_value" not in k.source and "a_scale + m" in epilogue, c.name
+            else:
+                assert "act_value" in k.source and "a_scale + m" not in epilogue, c.name
             if arch == "sm_90":
                 _check_sm90_kernel(s, c)
-    assert {tc for tc, _, _ in seen} == {False, True}
+                if int8 and compiler.find_nvdisasm() is not None:
+                    sass = compiler.disassemble(k.cubin)
+                    # No fp16 products (ptxas zeroes registers with HFMA2.MMA R, -RZ, RZ, 0, 0;
+                    # HADD2.F32 converts fp16 scales)
+                    half = re.findall(r"\b(?:HFMA2|HMUL2)\b(?!\.MMA \w+, -RZ, RZ, 0, 0)", sass)
+                    assert _op_counts(sass)["IDP"] > 0 and not half, (c.name, half)
+    assert {tc for tc, _, _ in seen} == ({False} if s.out.dtype == "int32" else {False, True})
 
 
 @pytest.mark.parametrize("name", ["w4a8_int8", "bitnet_b158_a8"])

@@ -90,7 +90,7 @@ def test_widened_rs_gemm_has_no_probes():
 # The first place each kind reads the previous kernel's output (activations)
 # or writes: the kernel's pdl_wait() must come before it.
 FIRST_DEPENDENT = {
-    "gemm": "load_stage(smem, s,", "gemv_row": "stage_activations(a,", "gemv_tc": "stage_activations(a,",
+    "gemm": "load_stage(smem, s,", "gemv_row": "stage_activations(a,", "gemv_int8": "stage_activations(A,", "gemv_tc": "stage_activations(a,",
     "gemv_col": "load_act(a,", "gemm_tma": "tma_load_2d(st, &tmA", "gemm_rs": "&tmA,",
     "dequant": "*reinterpret_cast<uint4*>(dst", "quantize": "ldg16(row",
 }

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")     # (opgen.hf_checkpoint: the 'hf' extra)
 from torch import nn  # noqa: E402
 
 from opgen.bench import e2e_variants as ev  # noqa: E402

@@ -24,6 +24,7 @@ from opgen.codegen.random_data import random_activation, random_weight_tensors
 from opgen.codegen.reference import dequantize, reference_matmul_f32
 from opgen.codegen.tolerance import tolerance
 from opgen.codegen.resolve import load_spec, shipped_specs
+from opgen.codegen.spec import A8_DTYPES
 from opgen.codegen.validate import spec_from_dict
 from opgen.runtime import kernel, pdl, tiled, tma, workbench
 from opgen.runtime.device import current_arch
@@ -454,18 +455,20 @@ def test_pair_tables_equal_the_code_by_code_kernel(name, M, N, K, record):
     check_twins(spec, pairs, M, N, K, record)
 
 
-A8_GEMV_SPECS = [n for n in MATMUL_SPECS if any(
-    c.family == "gemv" and planner.kernel_numerics(_run_spec(n), c, "sm_90").a_staged_scale
-    for c in planner.candidates(_run_spec(n), "sm_90", 1, 1024, 1024))]
+A8_GEMV_SPECS = [n for n in MATMUL_SPECS if _run_spec(n).a.dtype in A8_DTYPES and any(
+    c.family == "gemv" for c in planner.candidates(_run_spec(n), "sm_90", 1, 1024, 1024))]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", A8_GEMV_SPECS)
-@pytest.mark.parametrize("M,N,K", [(1, 264, 1152), (3, 1032, 2176), (13, 264, 1152), (16, 520, 1152)])
+@pytest.mark.parametrize("M,N,K", [(1, 264, 1152), (3, 1032, 2176), (7, 264, 4224), (13, 264, 1152),
+                                   (16, 520, 1152)])
 def test_a8_gemvs_match_reference(name, M, N, K, record):
-    """The GEMVs of 8-bit activations (staged as fp16 values, code x
-    a_scale[m]: hw.Calibration.a8_gemv_max_m rests on this), every
-    config at tails, in the layout opgen.load runs."""
+    """The GEMVs of 8-bit activations, every config at tails, in the layout
+    opgen.load runs: the int8 GEMV (int8 activations and integer codes:
+    planner.gemv.int_dot; an int32 output bit for bit) and the others,
+    which stage the activations as fp16 values, code x a_scale[m]
+    (hw.Calibration.a8_gemv_max_m rests on both)."""
     spec = _run_spec(name)
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.family == "gemv"]
     check_all(spec, cfgs, M, N, K, record)

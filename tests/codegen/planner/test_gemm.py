@@ -42,8 +42,9 @@ def test_geometry_refusals_name_the_reason():
     s = spec("w8a8_int8")
     with pytest.raises(planner.PlanError, match="multiple of 128"):
         planner.geometry(s, planner.Config("gemm", 16, 128, 64, 16, 32, 4, 1), "sm_90")
-    # the GEMVs take 8-bit activations only with a row scale (staged as fp16 values)
-    unscaled = dataclasses.replace(s, a=dataclasses.replace(s.a, scale=None))
+    # the GEMVs take e4m3 activations only with a row scale (staged as fp16 values)
+    e4m3 = spec("fp8_e4m3_w8a8")
+    unscaled = dataclasses.replace(e4m3, a=dataclasses.replace(e4m3.a, scale=None))
     with pytest.raises(planner.PlanError, match="float16/bfloat16 activations, or 8-bit ones"):
         planner.geometry(unscaled, planner.Config("gemv"), "sm_90")
     # no e4m3 mma before sm_89: fp8 activations are widened to fp16 (BK of 64 halves)

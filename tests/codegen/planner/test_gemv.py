@@ -1,6 +1,7 @@
 """planner/gemv.py: the SIMT GEMVs (row and column) and the tensor-core one."""
 import dataclasses
 
+import numpy as np
 import pytest
 
 from opgen.codegen import planner
@@ -74,23 +75,73 @@ def test_tensor_core_gemv_rules():
         assert pick.tc and pick.mmax >= M and planner.blocks(s, pick, M, N) >= 15 * 132 // 8
 
 
-def test_8_bit_activations_are_staged_as_fp16_values():
-    """int8 / e4m3 activations with a row scale on the GEMVs: numerics on the
-    fp16 path (codes x a_scale[m] staged, weights decoded to fp16, no a_scale
-    in the epilogue); the other kernels keep the spec's 8-bit numerics; an
-    int32 output (exact sums) never runs on a GEMV."""
+def test_8_bit_activations_on_the_gemvs():
+    """int8 activations with integer codes on the SIMT row GEMV: the int8
+    GEMV (gemv.int_dot) in the spec's own numerics (int8 products, a_scale
+    in the epilogue), an int32 output too; e4m3 activations, and int8 ones
+    on the tensor-core GEMV, staged as fp16 values (codes x a_scale[m],
+    weights decoded to fp16, no a_scale in the epilogue); the GEMMs keep the
+    spec's 8-bit numerics."""
+    cfg = planner.Config("gemv", vbytes=16, mmax=1, warps=4)
+    tc = planner.Config("gemv", vbytes=16, mmax=1, warps=4, tc=True)
+    for name in ("w8a8_int8", "w4a8_int8_g128", "bitnet_b158_a8", "int8_int4_int32"):
+        s = planner.execution_spec(spec(name), "sm_90")
+        num = planner.kernel_numerics(s, cfg, "sm_90")
+        assert num == numerics(s) and not num.a_staged_scale
+        assert planner.plan(s, cfg, "sm_90").kind == "gemv_int8"
     for name in ("w8a8_int8", "w4a8_int8_g128", "w4a8_fp8", "fp8_e4m3_w8a8"):
         s = planner.execution_spec(spec(name), "sm_90")
-        cfg = planner.Config("gemv", vbytes=16, mmax=1, warps=4)
-        num = planner.kernel_numerics(s, cfg, "sm_90")
-        assert num.a_staged_scale and not num.a_row_scale and num.mma == "float16" and not num.widen
-        assert planner.geometry(s, cfg, "sm_90")["scheme"] == "row"
+        staged = [tc] if spec(name).a.dtype == "int8" else [cfg, tc]
+        for c in staged:
+            num = planner.kernel_numerics(s, c, "sm_90")
+            assert num.a_staged_scale and not num.a_row_scale and num.mma == "float16" and not num.widen
+        if spec(name).a.dtype != "int8":
+            assert planner.plan(s, cfg, "sm_90").kind == "gemv_row"
         gemm = planner.kernel_numerics(s, planner.Config("gemm", 64, 128, 64, 32, 64, 3), "sm_90")
         assert gemm == numerics(s) and gemm.a_row_scale and not gemm.a_staged_scale
+    # an int32 output: the int8 GEMV alone, one k-slice (its sums stay exact)
     exact = planner.execution_spec(spec("int8_int4_int32"), "sm_90")
+    assert planner.geometry(exact, cfg, "sm_90")["int_dot"]
+    with pytest.raises(planner.PlanError, match="split_k 1"):
+        planner.geometry(exact, dataclasses.replace(cfg, split_k=2), "sm_90")
     with pytest.raises(planner.PlanError, match="int32"):
-        planner.geometry(exact, planner.Config("gemv", vbytes=16, mmax=1), "sm_90")
+        planner.geometry(exact, tc, "sm_90")
     # weights stored [K, N] (the column GEMV) are not staged: refused
     kn = dataclasses.replace(spec("w8a8_int8"), b=dataclasses.replace(spec("w8a8_int8").b, layout="tn"))
     with pytest.raises(planner.PlanError, match="row GEMVs"):
         planner.geometry(kn, planner.Config("gemv", vbytes=16, mmax=1), "sm_90")
+
+
+@pytest.mark.parametrize("name", ["w4a8_int8", "w4a8_int8_g128", "bitnet_b158_a8", "int8_int4_int32"])
+def test_int8_gemv_lanes_give_the_dot_product(name):
+    """The int8 GEMV's arithmetic (gemv_int8.cu.j2 dot_vector), emulated on
+    random words with the geometry's lane masks, sign flips and code bias:
+    per lane j the dp4a of the masked bytes (2^(j bits) high) with activation
+    word j, shifted down, less zero_bias x the activation sum, is the exact
+    dot product of the codes' values (less a constant zero point) and the
+    activations."""
+    s = planner.execution_spec(spec(name), "sm_90")
+    lay = weight_layout(s)
+    g = planner.geometry(s, planner.Config("gemv", vbytes=16, mmax=1), "sm_90")
+    rng = np.random.default_rng(7)
+    lo, hi = {"uint": (0, 2 ** lay.bits - 1), "int": (-2 ** (lay.bits - 1), 2 ** (lay.bits - 1) - 1),
+              "ternary": (-1, 1)}[numerics(s).code_kind]
+    for _ in range(200):
+        vals = rng.integers(lo, hi + 1, lay.P)               # element e along k
+        acts = rng.integers(-128, 128, lay.P)
+        code = vals + (1 if numerics(s).code_kind == "ternary" else 0)   # ternary stores value + 1
+        word = 0
+        for field, e in enumerate(lay.order):              # field i holds element order[i]
+            word |= (int(code[e]) & (2 ** lay.bits - 1)) << (field * lay.bits)
+        d = 0
+        for j in range(g["lanes"]):
+            x = word & int(g["lane_masks"][j], 16)
+            if g["lane_flips"]:
+                x ^= int(g["lane_flips"][j], 16)
+            p = sum(((x >> 8 * b) & 0xFF) * int(acts[4 * j + b]) for b in range(4))   # dp4a.u32.s32
+            assert p % 2 ** (j * lay.bits) == 0
+            d += p >> (j * lay.bits)
+        d -= g["zero_bias"] * int(acts.sum())
+        zero = numerics(s).zero_value if numerics(s).zero_kind == "const" else 0
+        assert d == int(((vals - zero) * acts).sum())
+        assert g["act_sums"] == (g["zero_bias"] != 0 or numerics(s).zero_kind == "int")

@@ -26,7 +26,8 @@ def test_dense_operands_up_to_16_rows_take_the_mma_sync_16_row_tile():
     """Dense operands at M = 1 and 9-16: the mma.sync GEMM's 16-row tile
     (not the TMA GEMM, not fp16's tensor-core GEMV), 128-deep k-steps, the
     deepest pipeline, split-K only for grids short of filling the device
-    (docs/performance.md#heuristic)."""
+    (docs/performance.md#heuristic). (int8 codes with int8 activations at
+    M = 1-4: the int8 GEMV, test_8_bit_activation_gemvs_only_where_they_won.)"""
     def pick(name, M, N, K):
         c = planner.heuristic(spec(name), "sm_90", M, N, K, 132)
         assert c.family == "gemm" and not (c.tma or c.wgmma) and c.BM == 16 and c.BK == 128, c.name
@@ -35,10 +36,11 @@ def test_dense_operands_up_to_16_rows_take_the_mma_sync_16_row_tile():
         # 112 and 224 tiles: whole K at M = 1 and 16
         assert pick(name, 16, 14336, 4096).split_k == 1 and pick(name, 16, 28672, 8192).split_k == 1
     for name in ("w8a8_int8", "fp8_e4m3_w8a8"):
-        assert pick(name, 1, 14336, 4096).split_k == 1 and pick(name, 1, 28672, 4096).split_k == 1
+        if name == "fp8_e4m3_w8a8":
+            assert pick(name, 1, 14336, 4096).split_k == 1 and pick(name, 1, 28672, 4096).split_k == 1
+            assert pick(name, 1, 8192, 8192).split_k > 1
         # 48 and 64 tiles: whole K at M = 16; split at M = 1
         assert pick(name, 16, 6144, 4096).split_k == 1 and pick(name, 16, 8192, 8192).split_k == 1
-        assert pick(name, 1, 8192, 8192).split_k > 1
         # 32 tiles: split to about one wave at M = 16; 64 tiles of 224
         # k-steps: split two ways
         assert pick(name, 16, 4096, 14336).split_k == 4
@@ -220,34 +222,37 @@ def test_excluded_configs_are_never_picked():
 
 def test_8_bit_activation_gemvs_only_where_they_won(monkeypatch):
     """The GEMVs of 8-bit activations are candidates at every M (the tuner
-    times and verifies them); the heuristic takes one of sub-byte codes up
-    to hw.Calibration.a8_gemv_max_m (on the H200 the row GEMV at M = 1: the
-    GEMMs won from M = 4), none while that is 0."""
-    for name in ("w4a8_int8_g128", "w4a8_int8", "bitnet_b158_a8"):
-        s = planner.execution_spec(load_spec(shipped_specs()[name]), "sm_90")
-        for M in (1, 4, 16):
-            assert any(c.family == "gemv" for c in planner.candidates(s, "sm_90", M, 8192, 8192))
-        pick = planner.heuristic(s, "sm_90", 1, 8192, 8192)
-        assert pick.family == "gemv" and not pick.tc, (name, pick.name)
-        assert all(planner.heuristic(s, "sm_90", M, 8192, 8192).family == "gemm" for M in (2, 4, 16))
-        monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, a8_gemv_max_m=0))
-        assert planner.heuristic(s, "sm_90", 1, 8192, 8192).family == "gemm"
+    times and verifies them); the heuristic takes the int8 GEMV (int8
+    activations, integer codes: int8 ones too) up to
+    hw.Calibration.int8_gemv_max_m (M = 4 on the H200: it won every timed
+    layer at M = 1-2, and at 4; mmax 8 lost where it needs split-K), the
+    other GEMVs of sub-byte codes up to a8_gemv_max_m, none of fp8 codes,
+    and none while those are 0."""
+    for name in ("w4a8_int8_g128", "w4a8_int8", "bitnet_b158_a8", "int8_int4_int32", "w8a8_int8"):
+        s = spec(name)
+        for M in (1, 4, 8):
+            assert any(c.family == "gemv" for c in planner.candidates(s, "sm_90", M, 4096, 4096))
+        for N, K in ((8192, 8192), (1024, 4096), (28672, 8192), (4096, 14336)):
+            for M in (1, 2, 4):
+                if not any(c.family == "gemv" for c in planner.candidates(s, "sm_90", M, N, K)):
+                    continue    # (an int32 output's GEMV takes no split-K: K = 14336 needs it at M = 4)
+                pick = planner.heuristic(s, "sm_90", M, N, K)
+                assert pick.family == "gemv" and planner.plan(s, pick, "sm_90").kind == "gemv_int8", \
+                    (name, N, K, M, pick.name)
+            assert planner.heuristic(s, "sm_90", 8, N, K).family == "gemm", (name, N, K)
+        monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, int8_gemv_max_m=0))
+        assert planner.heuristic(s, "sm_90", 1, 8192, 8192).family == "gemm", name
         monkeypatch.undo()
-    # int8 codes: the GEMV at M = 1 on sm_90 layers up to a8_gemv_int8_max_nk
-    # (6144 x 4096), the GEMM on larger ones, for fp8 codes, from M = 2 and
-    # on the arches where it was not timed
-    w8a8 = spec("w8a8_int8")
-    assert any(c.family == "gemv" for c in planner.candidates(w8a8, "sm_90", 1, 8192, 8192))
-    assert planner.heuristic(w8a8, "sm_90", 1, 8192, 8192).family == "gemm"
-    for N, K in ((1024, 4096), (4096, 4096), (6144, 4096), (512, 3584)):
-        assert planner.heuristic(w8a8, "sm_90", 1, N, K).family == "gemv", (N, K)
-        assert planner.heuristic(w8a8, "sm_90", 2, N, K).family == "gemm", (N, K)
-    for N, K in ((14336, 4096), (4096, 14336), (6144, 5120)):
-        assert planner.heuristic(w8a8, "sm_90", 1, N, K).family == "gemm", (N, K)
+    # e4m3 activations: the fp16-staged GEMV of sub-byte codes at M = 1 only,
+    # none of fp8 codes
+    fp8 = spec("w4a8_fp8")
+    pick = planner.heuristic(fp8, "sm_90", 1, 8192, 8192)
+    assert pick.family == "gemv" and planner.plan(fp8, pick, "sm_90").kind == "gemv_row"
+    assert planner.heuristic(fp8, "sm_90", 2, 8192, 8192).family == "gemm"
+    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, a8_gemv_max_m=0))
+    assert planner.heuristic(fp8, "sm_90", 1, 8192, 8192).family == "gemm"
+    monkeypatch.undo()
     assert planner.heuristic(spec("fp8_e4m3_w8a8"), "sm_90", 1, 4096, 4096).family == "gemm"
-    assert planner.heuristic(w8a8, "sm_80", 1, 4096, 4096).family == "gemm"
-    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, a8_gemv_int8_max_nk=(0, 0)))
-    assert planner.heuristic(w8a8, "sm_90", 1, 4096, 4096).family == "gemm"
 
 
 def test_inflight_sums_where_verified(monkeypatch):
