@@ -461,16 +461,20 @@ A8_GEMV_SPECS = [n for n in MATMUL_SPECS if _run_spec(n).a.dtype in A8_DTYPES an
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", A8_GEMV_SPECS)
-@pytest.mark.parametrize("M,N,K", [(1, 264, 1152), (3, 1032, 2176), (7, 264, 4224), (13, 264, 1152),
+@pytest.mark.parametrize("M,N,K", [(1, 264, 1152), (3, 1032, 2176), (7, 264, 2176), (13, 264, 1152),
                                    (16, 520, 1152)])
 def test_a8_gemvs_match_reference(name, M, N, K, record):
     """The GEMVs of 8-bit activations, every config at tails, in the layout
     opgen.load runs: the int8 GEMV (int8 activations and integer codes:
-    planner.gemv.int_dot; an int32 output bit for bit) and the others,
-    which stage the activations as fp16 values, code x a_scale[m]
-    (hw.Calibration.a8_gemv_max_m rests on both)."""
+    planner.gemv.int_dot; an int32 output bit for bit; mmax 8 unsplit at
+    M = 7) and the others, which stage the activations as fp16 values, code
+    x a_scale[m] (hw.Calibration.int8_gemv_max_m and a8_gemv_max_m rest on
+    them)."""
     spec = _run_spec(name)
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.family == "gemv"]
+    if not cfgs:
+        assert spec.out.dtype == "int32" and M > 8, (name, M)
+        pytest.skip("an int32 output runs only on the int8 GEMV (M <= 8)")
     check_all(spec, cfgs, M, N, K, record)
 
 

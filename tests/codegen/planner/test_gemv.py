@@ -112,36 +112,43 @@ def test_8_bit_activations_on_the_gemvs():
         planner.geometry(kn, planner.Config("gemv", vbytes=16, mmax=1), "sm_90")
 
 
+@pytest.mark.parametrize("vbytes", [4, 16])
 @pytest.mark.parametrize("name", ["w4a8_int8", "w4a8_int8_g128", "bitnet_b158_a8", "int8_int4_int32"])
-def test_int8_gemv_lanes_give_the_dot_product(name):
-    """The int8 GEMV's arithmetic (gemv_int8.cu.j2 dot_vector), emulated on
-    random words with the geometry's lane masks, sign flips and code bias:
-    per lane j the dp4a of the masked bytes (2^(j bits) high) with activation
-    word j, shifted down, less zero_bias x the activation sum, is the exact
-    dot product of the codes' values (less a constant zero point) and the
-    activations."""
+def test_int8_gemv_lanes_give_the_dot_product(name, vbytes):
+    """The int8 GEMV's arithmetic (gemv_int8.cu.j2 dot_vector and the zero
+    term), emulated on random vectors with the geometry's lane masks, sign
+    flips and code bias: per lane j of word i the dp4a of the masked bytes
+    (2^(j bits) high) with activation word i x LANES + j, shifted down, less
+    (zero point + zero_bias) x the vector's activation sum, is the exact
+    dot product of the codes' values less the zero point (constant, or a
+    random integer one) and the activations."""
     s = planner.execution_spec(spec(name), "sm_90")
-    lay = weight_layout(s)
-    g = planner.geometry(s, planner.Config("gemv", vbytes=16, mmax=1), "sm_90")
+    lay, num = weight_layout(s), numerics(s)
+    g = planner.geometry(s, planner.Config("gemv", vbytes=vbytes, mmax=1), "sm_90")
+    words, P, mask = vbytes // 4, lay.P, 2 ** lay.bits - 1
+    assert g["act_sums"] == (g["zero_bias"] != 0 or num.zero_kind == "int")
     rng = np.random.default_rng(7)
-    lo, hi = {"uint": (0, 2 ** lay.bits - 1), "int": (-2 ** (lay.bits - 1), 2 ** (lay.bits - 1) - 1),
-              "ternary": (-1, 1)}[numerics(s).code_kind]
-    for _ in range(200):
-        vals = rng.integers(lo, hi + 1, lay.P)               # element e along k
-        acts = rng.integers(-128, 128, lay.P)
-        code = vals + (1 if numerics(s).code_kind == "ternary" else 0)   # ternary stores value + 1
-        word = 0
-        for field, e in enumerate(lay.order):              # field i holds element order[i]
-            word |= (int(code[e]) & (2 ** lay.bits - 1)) << (field * lay.bits)
+    lo, hi = {"uint": (0, mask), "int": (-2 ** (lay.bits - 1), 2 ** (lay.bits - 1) - 1),
+              "ternary": (-1, 1)}[num.code_kind]
+    for _ in range(100):
+        vals = rng.integers(lo, hi + 1, words * P)          # element e of the vector, along k
+        acts = rng.integers(-128, 128, words * P)
+        zero = int(rng.integers(0, mask + 1)) if num.zero_kind == "int" else (
+            num.zero_value if num.zero_kind == "const" else 0)
+        stored = (vals + (1 if num.code_kind == "ternary" else 0)) & mask   # ternary keeps value + 1
         d = 0
-        for j in range(g["lanes"]):
-            x = word & int(g["lane_masks"][j], 16)
-            if g["lane_flips"]:
-                x ^= int(g["lane_flips"][j], 16)
-            p = sum(((x >> 8 * b) & 0xFF) * int(acts[4 * j + b]) for b in range(4))   # dp4a.u32.s32
-            assert p % 2 ** (j * lay.bits) == 0
-            d += p >> (j * lay.bits)
-        d -= g["zero_bias"] * int(acts.sum())
-        zero = numerics(s).zero_value if numerics(s).zero_kind == "const" else 0
+        for i in range(words):
+            word = 0
+            for field, e in enumerate(lay.order):           # field f of word i holds element order[f]
+                word |= int(stored[i * P + e]) << (field * lay.bits)
+            for j in range(g["lanes"]):
+                x = word & int(g["lane_masks"][j], 16)
+                if g["lane_flips"]:
+                    x ^= int(g["lane_flips"][j], 16)
+                act = acts[(i * g["lanes"] + j) * 4:(i * g["lanes"] + j) * 4 + 4]
+                p = sum(((x >> 8 * b) & 0xFF) * int(act[b]) for b in range(4))   # dp4a.u32.s32
+                assert p % 2 ** (j * lay.bits) == 0
+                d += p >> (j * lay.bits)
+        zc = (zero if num.zero_kind == "int" else 0) + g["zero_bias"]
+        d -= zc * int(acts.sum())
         assert d == int(((vals - zero) * acts).sum())
-        assert g["act_sums"] == (g["zero_bias"] != 0 or numerics(s).zero_kind == "int")
