@@ -101,7 +101,7 @@ def _int8_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
         raise PlanError(f"~{_int8_gemv_regs(cfg, vec, run)} registers of live values per thread "
                         f"(limit {GEMV_REGS})")
     lanes = 1 if dense else lay.P // 4
-    masks = [0xFFFFFFFF] if dense else [((1 << lay.bits) - 1 << j * lay.bits) * 0x01010101
+    masks = [0xFFFFFFFF] if dense else [(((1 << lay.bits) - 1) << (j * lay.bits)) * 0x01010101
                                         for j in range(lanes)]
     dec = decode_plan(lay, num)
     zero_bias = 0 if dense else dec.sub_value
@@ -110,7 +110,7 @@ def _int8_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
                 # Sign flip of two's complement codes (the top bit of lane j's field in
                 # each byte; dec's is lane 0's): the codes become value + bias, which
                 # zero_bias takes off with the zero point.
-                lane_flips=[f"0x{int(dec.sign_flip_hex, 16) << j * lay.bits:08X}" for j in range(lanes)]
+                lane_flips=[f"0x{int(dec.sign_flip_hex, 16) << (j * lay.bits):08X}" for j in range(lanes)]
                 if dec.sign_flip_hex and not dense else [],
                 zero_bias=zero_bias,
                 # Each vector's activation code sum, staged after the codes: zero x sum is
