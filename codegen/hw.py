@@ -377,9 +377,10 @@ H200 = Calibration(
     # The int8 GEMV, H100 (132 SMs, as the H200), empty DB: at M = 1 and 2
     # it won all 50 buckets of w4a8_int8, its g128 form, bitnet_b158_a8,
     # w8a8_int8 and int8_int4_int32 at 8192^2, 4096^2, 1024 x 4096, 28672 x
-    # 8192 and 4096 x 14336, 1.05-4.4x over the picks before (the fp16-staged
-    # GEMV at M = 1, GEMMs above); at M = 4 (8192^2) 1.07-1.40x; at M = 8 it
-    # lost wherever mmax 8 needs split-K (8192^2 and up). At M = 2-4 only
+    # 8192 and 4096 x 14336 (M = 2: 1.08-4.4x over the GEMMs picked before;
+    # M = 1: the fp16-staged GEMV it replaced took 1.2-1.7x its time at
+    # 8192^2); at M = 4 (8192^2) 1.07-1.40x; at M = 8 it lost wherever mmax
+    # 8 needs split-K (8192^2 and up). At M = 2-4 only
     # unsplit (heuristic.a8_pickable): where mmax 4 needs split-K (K >=
     # 13824) the GEMM or the tensor-core GEMV won all 10 such records
     # (1.14-1.69x over the split int8 GEMV); at M = 1 the split one held.
