@@ -106,7 +106,7 @@ def _int8_geometry(cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:
     dec = decode_plan(lay, num)
     zero_bias = 0 if dense else dec.sub_value
     return dict(threads=cfg.warps * 32, scheme="row", vec=vec, dec=dec, smem=GEMV_SMEM_CAP, run=run,
-                num_group=num.group, int_dot=True, lanes=lanes, lane_masks=[f"0x{m:08X}" for m in masks],
+                num_group=num.group, int_dot=True, dense=dense, lanes=lanes, lane_masks=[f"0x{m:08X}" for m in masks],
                 # Sign flip of two's complement codes (the top bit of lane j's field in
                 # each byte; dec's is lane 0's): the codes become value + bias, which
                 # zero_bias takes off with the zero point.
