@@ -10,6 +10,7 @@ the bucket's upper end, or fewer.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Optional, Tuple
 
 LARGE = ">1024"
@@ -48,6 +49,8 @@ _TABLE: Tuple[Optional[str], ...] = (None,) + tuple(
 
 def bucket_of(M: int) -> str:
     """The label of the bucket holding M (M >= 1)."""
+    if isinstance(M, bool) or not isinstance(M, numbers.Integral):
+        raise TypeError(f"M must be a positive int, got {M!r}")
     if 0 < M <= _MAX_TABLE_M:
         return _TABLE[M]
     if M > _MAX_TABLE_M:

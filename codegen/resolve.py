@@ -103,17 +103,25 @@ def resolve_spec(arg: Union[str, os.PathLike]) -> Path:
     (the first step of as_spec)."""
     s = str(arg)
     p = Path(s)
-    if p.is_file():
+    if "\n" in s:
+        raise SpecErrors([SpecError("<YAML text>", 0, "spec", "a spec's YAML text, not a path "
+                                    "or a shipped name: load_spec reads it")])
+    shown = s if len(s) <= 120 else s[:117] + "..."
+    try:
+        is_file, exists = p.is_file(), p.exists()
+    except OSError as e:                 # e.g. a name longer than the filesystem allows
+        raise SpecErrors([SpecError(shown, 0, "spec", f"cannot use this path: {e.strerror or e}")]) from None
+    if is_file:
         return p
     shipped = shipped_specs()
     name = s[:-5] if s.endswith(".yaml") and os.sep not in s else s
     if name in shipped:
         return shipped[name]
-    if p.exists():
+    if exists:
         msg = "not a file"
     else:
         msg = "no such file and not a shipped spec name"
-    raise SpecErrors([SpecError(s, 0, "spec", f"{msg} (shipped: {', '.join(shipped)})")])
+    raise SpecErrors([SpecError(shown, 0, "spec", f"{msg} (shipped: {', '.join(shipped)})")])
 
 
 __all__ = ["as_spec", "load_spec", "resolve_spec", "shipped_specs"]

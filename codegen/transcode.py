@@ -375,6 +375,11 @@ def _item_bytes(w: Weight, name: str) -> int:
     return CONTAINER_BITS[w.zero.pack.container] // 8 if w.zero.pack else 1
 
 
+def _packed_words(w: Weight, name: str) -> bool:
+    """Whether tensor `name` holds codes packed in integer words."""
+    return bool(w.pack) if name == "qweight" else name == "zeros" and w.zero.kind == "int"
+
+
 # --- entry point --------------------------------------------------------------------------
 
 def transcode(src: Spec, dst: Spec, tensors: Mapping, N: int, K: int) -> Dict[str, object]:
@@ -399,6 +404,10 @@ def transcode(src: Spec, dst: Spec, tensors: Mapping, N: int, K: int) -> Dict[st
         if size != _item_bytes(ws, name):
             raise TranscodeError(f"{name}: {getattr(t, 'dtype', type(t).__name__)}, expected "
                                  f"{_item_bytes(ws, name)}-byte items (spec {src.name})")
+        if _packed_words(ws, name) and t.dtype.kind not in "iu":
+            # (a float array of the right size would be shifted as numbers, not bits)
+            raise TranscodeError(f"{name}: {t.dtype}, expected an integer array of packed "
+                                 f"codes (spec {src.name})")
     q = tensors["qweight"]
     xp = array_module(q)
     if any(array_module(tensors[name]) is not xp for name in want):

@@ -62,6 +62,35 @@ class TuningDBError(RuntimeError):
     message is one line naming the path."""
 
 
+def key_fields(s: str) -> Tuple[str, str, str, str, int, int]:
+    """(spec, spec hash, arch, device, N, K) of a stored key
+    "spec|hash|arch|device|N<n>|K<k>", or of the old form (which also named
+    the opgen and NVRTC versions); ValueError for anything else."""
+    parts = s.split("|")
+    if len(parts) == 8 and parts[5].startswith("nvrtc"):
+        parts = parts[:4] + parts[6:]
+    if len(parts) != 6 or not parts[4].startswith("N") or not parts[5].startswith("K"):
+        raise ValueError(f"not a tuning DB key: {s!r}")
+    try:
+        N, K = int(parts[4][1:]), int(parts[5][1:])
+    except ValueError:
+        raise ValueError(f"not a tuning DB key: {s!r}") from None
+    if N < 1 or K < 1:
+        raise ValueError(f"not a tuning DB key: {s!r} (N and K must be positive)")
+    return parts[0], parts[1], parts[2], parts[3], N, K
+
+
+def positive_number(x) -> bool:
+    """Whether a JSON value is a finite positive number (an integer too large
+    for a float is not)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(x) and x > 0
+    except OverflowError:
+        return False
+
+
 def record_problem(bucket: str, rec) -> Optional[str]:
     """Why a stored record cannot be used, or None when its layout is right
     (whether its config is still current is tuning_db's question)."""
@@ -70,9 +99,17 @@ def record_problem(bucket: str, rec) -> Optional[str]:
     if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):
         return "no 'config' object"
     t = rec.get("median_us")
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-        return f"'median_us' is {t!r}, not a positive number"
+    if not positive_number(t):
+        return f"'median_us' is {_short(t)}, not a positive number"
+    h = rec.get("heuristic_us")
+    if h is not None and not positive_number(h):
+        return f"'heuristic_us' is {_short(h)}, not a positive number"
     return None
+
+
+def _short(x) -> str:
+    r = repr(x)
+    return r if len(r) <= 40 else r[:37] + "..."
 
 
 # --- reading ------------------------------------------------------------------
@@ -97,7 +134,7 @@ def parse(text: str) -> State:
         return State("foreign", detail=f"the top level is a JSON {type(data).__name__}, "
                                        f"not a {FORMAT!r} object")
     fmt, ver = data.get("format"), data.get("version")
-    if fmt != FORMAT or ver != VERSION:
+    if fmt != FORMAT or type(ver) is not int or ver != VERSION:    # (True == 1.0 == 1)
         # Another format, a newer opgen's layout, or some unrelated settings
         # file: never ours to rewrite.
         return State("foreign", detail=f"format {fmt!r} version {ver!r}, "
@@ -109,6 +146,11 @@ def parse(text: str) -> State:
     for key, per_bucket in records.items():
         if not isinstance(per_bucket, dict):
             state.bad.append(f"records[{key!r}]: not an object")
+            continue
+        try:
+            key_fields(key)
+        except ValueError as e:
+            state.bad.append(f"records[{key!r}]: {e}")
             continue
         for bucket, rec in per_bucket.items():
             why = record_problem(bucket, rec)
@@ -294,6 +336,25 @@ def copy_aside(path: Path) -> Path:
 def _os_error(path: Path, e: OSError) -> TuningDBError:
     where = f" ({e.filename})" if e.filename and str(e.filename) != str(path) else ""
     return TuningDBError(f"cannot write the tuning DB {path}: {e.strerror or e}{where}")
+
+
+def check_writable(path: Path) -> None:
+    """TuningDBError now where a write to path would raise one.  Where the
+    file's folder is there: under the lock, as update does, writing nothing.
+    Where it is not yet (the first write makes it): nothing is made; the
+    nearest folder above it must be one this process can make folders in."""
+    real = Path(os.path.realpath(path))
+    if real.parent.is_dir():
+        update(path, lambda records: False, write_if=bool)
+        return
+    above = real.parent
+    while not above.exists():            # (realpath: no links left to follow)
+        above = above.parent
+    if not above.is_dir():
+        raise TuningDBError(f"cannot write the tuning DB {real}: {above} is not a directory")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise TuningDBError(f"cannot write the tuning DB {real}: no permission to make "
+                            f"folders in {above}")
 
 
 def update(path: Path, mutate, write_if=lambda result: True):

@@ -6,6 +6,7 @@ heuristic, then cached on the op. The hot path is a dict hit and a launch.
 """
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Dict, Optional
 
@@ -17,7 +18,7 @@ from ..codegen.spec import Activation, Output, Spec, stored_shapes
 from ..codegen.resolve import as_spec
 from ..codegen.transcode import transcode
 from . import arrays
-from .device import current_arch, planning_sms
+from .device import NoGPUError, current_arch, planning_sms
 from .kernel import Kernel, QuantizeKernel
 from .tuning_db import TuningDB, make_key
 
@@ -46,7 +47,9 @@ class MatmulOp:
     (or layout="stored" keeps the spec's own storage, with the kernels that
     read it), calls take the spec's tensors as they are. pdl: its kernels
     launched for programmatic dependent launch (runtime/kernel.py's Kernel);
-    off until measured on the GPU."""
+    off until measured on the GPU. db: the tuning DB its configs come from
+    (a TuningDB or a DB file's path; default the user's, over the shipped
+    one); use_db=False: the heuristic's picks only."""
 
     def __init__(self, spec: Spec, N: int, K: int, arch: Optional[str] = None, db=None,
                  use_db: bool = True, layout: str = "execution", pdl: bool = False):
@@ -60,6 +63,10 @@ class MatmulOp:
         # What the kernels read; the DB's key and the kernels' names are its.
         self.kernel_spec = planner.execution_spec(spec, self.arch) if layout == "execution" else spec
         self.sms = planning_sms()
+        if isinstance(db, (str, os.PathLike)):
+            db = TuningDB(db)
+        elif db is not None and not isinstance(db, TuningDB):
+            raise TypeError(f"db: a TuningDB or the path of a tuning DB file, not {type(db).__name__}")
         self.db, self.use_db, self.pdl = db, use_db, pdl
         self._kernels: Dict[str, object] = {}
         self.sources: Dict[str, str] = {}      # bucket -> "db" | "heuristic"
@@ -93,15 +100,23 @@ class MatmulOp:
         that spill (compiler.default_config; compiled=False: the first pick,
         without compiling it). self.sources says which. The one place that
         makes this choice (the bench's precompile asks it too)."""
+        key = None
         if self.use_db and from_db:
             try:
+                key = make_key(self.kernel_spec, self.N, self.K, arch=self.arch)
+            except NoGPUError:       # no device to name: no record applies (config_for without a GPU)
+                pass
+        if key is not None:
+            try:
                 db = self.db if self.db is not None else TuningDB()
-                rec = db.lookup(make_key(self.kernel_spec, self.N, self.K, arch=self.arch), label)
+                rec = db.lookup(key, label)
                 if rec is not None:
                     self.sources[label] = "db"
                     return planner.Config.from_dict(rec["config"])
-            except Exception:   # a broken DB never breaks the op: fall back
-                pass
+            except Exception as e:   # a broken DB never breaks the op: fall back, and say so
+                warnings.warn(f"{self.kernel_spec.name}: the tuning DB's record for M bucket {label} "
+                              f"is unusable ({type(e).__name__}: {e}); using the heuristic's pick",
+                              RuntimeWarning, stacklevel=2)
         self.sources[label] = "heuristic"
         M = representative_M(label)
         if not compiled:

@@ -162,18 +162,7 @@ class DBKey:
     def parse(cls, s: str) -> "DBKey":
         """A key string, of this form or the old one (which also named the
         opgen and NVRTC versions: its records have no source hash)."""
-        parts = s.split("|")
-        if len(parts) == 8 and parts[5].startswith("nvrtc"):
-            parts = parts[:4] + parts[6:]
-        if len(parts) != 6 or not parts[4].startswith("N") or not parts[5].startswith("K"):
-            raise ValueError(f"not a tuning DB key: {s!r}")
-        try:
-            N, K = int(parts[4][1:]), int(parts[5][1:])
-        except ValueError:
-            raise ValueError(f"not a tuning DB key: {s!r}") from None
-        if N < 1 or K < 1:
-            raise ValueError(f"not a tuning DB key: {s!r} (N and K must be positive)")
-        return cls(parts[0], parts[1], parts[2], parts[3], N, K)
+        return cls(*db_file.key_fields(s))
 
 
 def make_key(spec: Spec, N: int, K: int, *, arch: Optional[str] = None,
@@ -284,8 +273,8 @@ def stale(spec_hashes: Optional[Dict[str, str]] = None) -> Predicate:
     """Predicate: records that can never be served (record_status in STALE):
     no source hash, a shipped spec whose content changed since, or a config
     that no longer renders to the source it was measured on.  Records of
-    specs that are not shipped (nothing to render them with) and keys that
-    do not parse are kept: not ours to judge."""
+    specs that are not shipped (nothing to render them with) are kept: not
+    ours to judge.  (A key that does not parse is a bad record: db_file.)"""
     hashes = shipped_spec_hashes() if spec_hashes is None else spec_hashes
 
     def pred(key: str, bucket: str, record: Record) -> bool:
@@ -296,7 +285,7 @@ def stale(spec_hashes: Optional[Dict[str, str]] = None) -> Predicate:
 def speedup(record: Record) -> Optional[float]:
     """How much faster the stored winner ran than the heuristic's pick."""
     h, t = record.get("heuristic_us"), record.get("median_us")
-    return h / t if isinstance(h, (int, float)) and t else None
+    return h / t if db_file.positive_number(h) and db_file.positive_number(t) else None
 
 
 # --- the DB -------------------------------------------------------------------
@@ -423,8 +412,9 @@ class TuningDB:
     def check_writable(self) -> None:
         """TuningDBError now for a user file that a write would refuse (not
         ours, unreadable, read-only, no folder for it): before hours of
-        tuning, not after its first pair. Takes the lock, writes nothing."""
-        db_file.update(self.path, lambda records: False, write_if=bool)
+        tuning, not after its first pair. Writes nothing, and makes no folder
+        (db_file.check_writable)."""
+        db_file.check_writable(self.path)
 
     def put(self, key: KeyLike, bucket: str, record: Record) -> None:
         self.put_many([(key, bucket, record)])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import List, Tuple
 
 
@@ -20,8 +21,8 @@ def positive_float(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    if not 0 < v < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number: {text!r}")
     return v
 
 

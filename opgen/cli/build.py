@@ -47,8 +47,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     try:
         result = build_spec(spec, out_dir, args.arch, M=shape.M, N=shape.N, K=shape.K)
     except OSError as e:
-        if e.filename and str(e.filename).startswith(str(out_dir)):
-            raise UserError(f"--out {out_dir}: cannot write {e.filename} ({e.strerror or e})") from None
+        # (the error may name the absolute temporary file of a relative --out)
+        if e.filename and Path(os.path.abspath(e.filename)).is_relative_to(out_dir.absolute()):
+            target = e.filename2 or e.filename
+            raise UserError(f"--out {out_dir}: cannot write {target} ({e.strerror or e})") from None
         raise
     paths = _paths(result)
     for p in paths:

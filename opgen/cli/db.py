@@ -128,6 +128,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     else:
         pred = stale()
     doomed = [e for e in db.records("user") if pred(e.key, e.bucket, e.record)]
+    if not args.dry_run and doomed:
+        db.check_writable()             # (before any line says "remove")
     for e in doomed:
         why = "" if args.spec else f"  ({record_status(e.key, e.record)})"
         print(f"{'would remove' if args.dry_run else 'remove'}  {e.key}  [{e.bucket}]{why}")

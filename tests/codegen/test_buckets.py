@@ -21,6 +21,9 @@ def test_bucket_boundaries():
     for bad in (0, -1):
         with pytest.raises(ValueError):
             bucket_of(bad)
+    for bad in ("8", 8.0, True, None):
+        with pytest.raises(TypeError, match="M must be a positive int"):
+            bucket_of(bad)
     with pytest.raises(ValueError):
         representative_M("3-7")
 

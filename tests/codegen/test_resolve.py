@@ -97,6 +97,13 @@ def test_resolve_unknown_lists_shipped():
     assert "gptq_v1_w4a16_g128" in str(errs) and "bnb_nf4" in str(errs)
 
 
+def test_unusable_paths_and_yaml_text_say_what_they_are():
+    with pytest.raises(SpecErrors, match=r"a{117}\.\.\.:0: spec: cannot use this path: File name too long"):
+        resolve_spec("a" * 300)
+    with pytest.raises(SpecErrors, match=r"<YAML text>:0: spec: .*load_spec reads it"):
+        resolve_spec(shipped_specs()["fp16"].read_text())
+
+
 def test_as_spec(tmp_path):
     spec = as_spec("awq_w4a16_g128")
     assert as_spec(spec) is spec

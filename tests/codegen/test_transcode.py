@@ -120,6 +120,9 @@ def test_tensors_that_are_not_the_source_specs_are_refused():
         transcode(src, dst, dict(t, scales=t["scales"].astype(np.float32)), N, K)
     with pytest.raises(TranscodeError, match="numpy or CuPy"):
         transcode(src, dst, dict(t, qweight=np.asarray(t["qweight"]).astype(np.int32).tolist()), N, K)
+    for name in ("qweight", "zeros"):               # packed words given as floats of their size
+        with pytest.raises(TranscodeError, match=f"{name}: float32, expected an integer array"):
+            transcode(src, dst, dict(t, **{name: t[name].astype(np.float32)}), N, K)
 
 
 @pytest.mark.parametrize("name", [n for n in shipped_specs() if as_spec(n).op == "matmul"])

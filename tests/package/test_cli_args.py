@@ -23,6 +23,7 @@ def test_positive_numbers_and_names():
     assert positive_int("0x10") == 16 and positive_float("2.5") == 2.5
     assert parse_names("a, b,a") == ["a", "b"]
     for fn, bad in ((positive_int, "0"), (positive_int, "x"), (positive_float, "0"),
-                    (positive_float, "nan?"), (parse_names, ",")):
+                    (positive_float, "nan?"), (positive_float, "nan"), (positive_float, "inf"),
+                    (positive_float, "1e309"), (parse_names, ",")):
         with pytest.raises(argparse.ArgumentTypeError):
             fn(bad)

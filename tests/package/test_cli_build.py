@@ -116,6 +116,20 @@ def test_cli_build_names_an_output_directory_it_cannot_use(capsys, monkeypatch, 
         assert len(err) == 1 and err[0].startswith("opgen: error: --out") and why in err[0], err
 
 
+def test_cli_build_names_a_file_it_cannot_write_under_a_relative_out(capsys, monkeypatch, tmp_path):
+    """A relative --out: the OS error names the absolute temporary file and
+    the relative target (os.replace's); still one line naming --out, exit 2."""
+    monkeypatch.chdir(tmp_path)
+
+    def replace_fails(spec, out_dir, *a, **k):
+        raise IsADirectoryError(21, "Is a directory", str((out_dir / "plan.json.x1.tmp").absolute()),
+                                None, str(out_dir / "plan.json"))
+    monkeypatch.setattr("opgen.cli.build.build_spec", replace_fails)
+    assert main(["build", "w8a8_int8", "-o", "pj"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["opgen: error: --out pj: cannot write pj/plan.json (Is a directory)"]
+
+
 def test_cli_build_with_an_unwritable_cache_warns_once_and_builds(capsys, monkeypatch, tmp_path):
     """OPGEN_CACHE_DIR where no directory can be: the kernels still build;
     one `opgen: warning:` line names the cache and the variable."""

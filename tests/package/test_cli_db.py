@@ -2,6 +2,7 @@
 and every problem with a DB file as one line and exit status 2."""
 import dataclasses
 import json
+import os
 import warnings
 
 import pytest
@@ -106,16 +107,33 @@ def test_show_a_corrupt_file(path, opgen):
 def test_bad_records_are_reported_one_by_one(path, opgen):
     TuningDB(path, shipped=False).put(key_for(), "1", rec(2.0))
     doc = json.loads(path.read_text())
-    doc["records"][str(key_for(N=8))] = {"1": {"median_us": 1.0}, "3": rec()}
+    doc["records"][str(key_for(N=8))] = {"1": {"median_us": 1.0}, "3": rec(),
+                                         "2-4": dict(rec(), median_us=10 ** 400)}
+    doc["records"]["garbage"] = {"1": rec()}                    # a key no lookup can name
     path.write_text(json.dumps(doc))
+    # Export: the good record only, and each bad one said.
+    rc, out, err = opgen("db", "export", path.with_name("out.json"), "--path", path)
+    assert rc == 2 and len([ln for ln in err.splitlines() if "skipped" in ln and str(path) in ln]) == 4 \
+        and len(TuningDB(path.with_name("out.json"), shipped=False).records()) == 1
     rc, out, err = opgen("db", "show", "--path", path, "--no-shipped")
-    assert rc == 2 and "w4a16_sym_g128" in out                  # the good one is listed
+    assert "w4a16_sym_g128" in out                               # the good one is listed
     lines = err.splitlines()
-    assert len(lines) == 2 and all(str(path) in line and "skipped" in line for line in lines)
+    assert len(lines) == 4 and all(str(path) in line and "skipped" in line for line in lines)
     # A write keeps the good records, says it copied the file aside, and the file is clean.
     rc, out, err = opgen("db", "prune", "--path", path, "--spec", "w4a16_sym_g128")
     assert rc == 0 and "removed 1" in out and "copied the file" in err
     assert opgen("db", "show", "--path", path, "--no-shipped")[0] == 0
+
+
+def test_prune_of_a_read_only_db_says_remove_of_nothing(path, opgen, monkeypatch):
+    """(read-only simulated: root, which runs the tests in CI, may write anything)"""
+    TuningDB(path, shipped=False).put(key_for(), "1", rec(2.0))
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if mode & os.W_OK and str(p) == str(path)
+                        else real_access(p, mode))
+    rc, out, err = opgen("db", "prune", "--path", path, "--spec", "w4a16_sym_g128")
+    assert rc == 2 and "remove" not in out and "read-only" in err
+    assert len(TuningDB(path, shipped=False).records()) == 1
 
 
 @pytest.mark.parametrize("command", [("show",), ("prune",), ("prune", "--spec", "x"),

@@ -114,18 +114,21 @@ def test_bad_records_are_skipped_one_by_one(path):
     bad = {str(key_for(N=8)): {"1": {"median_us": 1.0},               # no config
                                "3": rec(),                             # no such bucket
                                "2-4": dict(rec(), median_us="fast"),
-                               "5-8": dict(rec(), median_us=float("nan"))},
-           str(key_for(N=16)): ["not", "an", "object"]}
+                               "5-8": dict(rec(), median_us=float("nan")),
+                               "9-16": dict(rec(), median_us=10 ** 400),   # too large for a float
+                               "17-32": dict(rec(), heuristic_us=-1.0)},
+           str(key_for(N=16)): ["not", "an", "object"],
+           "not|a|key": {"1": rec()}}                                  # never looked up
     path.parent.mkdir(parents=True)
     doc = {"format": "opgen-tuning-db", "version": 1, "records": {**good, **bad}}
     path.write_text(json.dumps(doc))
     before = path.read_bytes()
     db = TuningDB(path, shipped=False)
-    with pytest.warns(RuntimeWarning, match=r"5 bad record\(s\) skipped"):
+    with pytest.warns(RuntimeWarning, match=r"8 bad record\(s\) skipped"):
         assert db.lookup(key_for(N=64), "1")["median_us"] == 1.0
     assert len(db.records()) == 20 and db.lookup(key_for(N=8), "1") is None
     problems = db.problems()
-    assert len(problems) == 5 and all(str(path) in p and p.endswith("skipped") for p in problems)
+    assert len(problems) == 8 and all(str(path) in p and p.endswith("skipped") for p in problems)
 
     with pytest.warns(RuntimeWarning, match=r"kept the 20 good one\(s\)"):
         db.put(key_for(N=4096), "1", rec(99.0))
@@ -137,6 +140,8 @@ def test_bad_records_are_skipped_one_by_one(path):
 
 @pytest.mark.parametrize("doc", [
     {"format": "opgen-tuning-db", "version": 2, "records": {}},
+    {"format": "opgen-tuning-db", "version": True, "records": {}},     # (True == 1 in Python)
+    {"format": "opgen-tuning-db", "version": 1.0, "records": {}},
     {"format": "something-else", "version": 1},
     {"unrelated": "settings"},
     [],
@@ -209,6 +214,22 @@ def test_filesystem_errors_are_one_line_naming_the_path(tmp_path):
             with pytest.raises(TuningDBError, match=why) as e:
                 write()
             assert str(p) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_check_writable_makes_nothing(tmp_path):
+    """The check before a tune: a DB whose folders are not there yet passes
+    and nothing is made (the first write makes them); under a file it fails."""
+    deep = tmp_path / "a" / "b" / "tuning.json"
+    TuningDB(deep, shipped=False).check_writable()
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(TuningDBError, match=r"f is not a directory"):
+        TuningDB(tmp_path / "f" / "c" / "tuning.json", shipped=False).check_writable()
+    TuningDB(deep, shipped=False).put(key_for(), "1", rec())        # where it exists: the lock's check
+    TuningDB(deep, shipped=False).check_writable()
+    deep.write_text("[1]")
+    with pytest.raises(TuningDBError, match="refusing to write"):
+        TuningDB(deep, shipped=False).check_writable()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")

@@ -243,6 +243,27 @@ def test_a_tuned_config_that_does_not_compile_falls_back_to_the_heuristic(monkey
         assert op.kernel_for(M) == heur
     assert made == [heur]
 
+def test_the_db_may_be_given_as_a_path_and_a_broken_record_is_said(tmp_path, monkeypatch):
+    from opgen.runtime import tuning_db as tdb
+    spec, N, K = as_spec("w4a16_sym_g128"), 1024, 2048
+    monkeypatch.setattr("opgen.runtime.op.make_key",
+                        lambda spec, N, K, arch: make_key(spec, N, K, arch=arch, device="NVIDIA H200"))
+    key = make_key(planner.execution_spec(spec, "sm_90"), N, K, arch="sm_90", device="NVIDIA H200")
+    op = opgen.load(spec, N=N, K=K, arch="sm_90", use_db=False)
+    cfg = op.choose("9-16")                 # M = 16's pick, stored for M = 1: it must come back
+    path = tmp_path / "db.json"
+    tdb.TuningDB(path, shipped=False).put(
+        key, "1", dict(config=cfg.to_dict(), median_us=1.0, source_hash=tdb.rendered_hash(key, cfg.to_dict())))
+    op = opgen.load(spec, N=N, K=K, arch="sm_90", db=str(path))
+    assert op.config_for(1) == cfg and op.sources["1"] == "db"
+    # A lookup that fails (here: a config that is not a dict): the heuristic's pick, said.
+    monkeypatch.setattr(tdb.TuningDB, "lookup", lambda *a: {"config": ["not", "a", "dict"]})
+    with pytest.warns(RuntimeWarning, match=r"M bucket 2-4 is unusable"):
+        assert op.config_for(4) == op.choose("2-4", from_db=False)
+    with pytest.raises(TypeError, match="db: a TuningDB or the path"):
+        opgen.load(spec, N=N, K=K, arch="sm_90", db=3)
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(N=4096.7, K=4096), r"N=4096\.7 must be an integer"),     # was truncated to 4096
     (dict(N=4096, K=4096.0), r"K=4096\.0 must be an integer"),
