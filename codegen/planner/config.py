@@ -9,7 +9,7 @@ from typing import List, Tuple
 
 from ..errors import UserError
 from ..lower import weight_layout
-from ..spec import Spec
+from ..spec import CONTAINER_BITS, WEIGHT_CODES, Spec
 
 # Alignment rules every kernel relies on (documented in docs/spec.md).
 K_ALIGN = 32     # K % 32 == 0: 16-byte rows for every packed format
@@ -145,6 +145,8 @@ def shape_problems(spec: Spec, N=None, K=None, M=None) -> List[Tuple[str, str]]:
         P = weight_layout(spec).P
         if N % P:
             out.append(("N", f"N={N} must be a multiple of {P} (codes per word, packed along n)"))
+    if w is not None:
+        out += _packed_zero_problems(w, N, K)
     if N is not None and w is not None:
         lay = weight_layout(spec)
         # Weights stored [K, N]: tiles are copied in 16-byte chunks from each row.
@@ -156,6 +158,23 @@ def shape_problems(spec: Spec, N=None, K=None, M=None) -> List[Tuple[str, str]]:
         out.append(("K", f"N * K / group = {N * (K // group)} scales is too many for the kernels' "
                          f"32-bit index (allowed: below {INDEX_LIMIT})"))
     return out
+
+
+def _packed_zero_problems(w, N, K) -> List[Tuple[str, str]]:
+    """Int zero points packed Pz to a word fill whole words: N along n,
+    K / group along k (else the stored zeros lose their last partial word,
+    e.g. K = 512, group 128, 8 per int32: shape (0, N))."""
+    z = w.zero
+    if z.kind != "int" or z.pack is None or w.scale is None:
+        return []
+    Pz = CONTAINER_BITS[z.pack.container] // WEIGHT_CODES[z.dtype].bits
+    packed = f"{Pz} zero points per {z.pack.container}, packed along {z.pack.axis}"
+    if z.pack.axis == "n" and N is not None and N % Pz:
+        return [("N", f"N={N} must be a multiple of {Pz} ({packed})")]
+    group = w.scale.group if w.scale.granularity == "group" else None
+    if z.pack.axis == "k" and group and K is not None and K % group == 0 and (K // group) % Pz:
+        return [("K", f"K={K} must be a multiple of {group * Pz} (group {group}, {packed})")]
+    return []
 
 
 def check_shape(spec: Spec, N=None, K=None, M=None) -> None:

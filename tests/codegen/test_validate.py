@@ -468,10 +468,18 @@ b: {b}
      {(5, "shape.N"), (6, "shape.K")}),
     (4104, 4096, "{dtype: uint4, layout: nn, pack: {container: int32, axis: n}, "
                  "scale: {dtype: float16, group: 128}}", {(5, "shape.N")}),
+    (256, 512, "{dtype: uint4, pack: {container: int32, axis: k}, scale: {dtype: float16, "
+               "group: 128}, zero: {kind: int, dtype: uint4, pack: {container: int32, axis: k}}}",
+     {(6, "shape.K")}),
+    (8, 512, "{dtype: uint2, pack: {container: int32, axis: k}, scale: {dtype: float16, "
+             "group: 128}, zero: {kind: int, dtype: uint2, pack: {container: int32, axis: n}}}",
+     {(5, "shape.N")}),
 ])
 def test_check_applies_the_shape_rule_of_build(N, K, b, where):
     """The sizes a spec fixes meet the rule build and opgen.load apply
-    (planner.shape_problems): fp8 N = 3, K = 5 and AWQ N = 4104 passed check."""
+    (planner.shape_problems): fp8 N = 3, K = 5 and AWQ N = 4104 passed check;
+    zero points packed 8 to an int32 along k need K / group = 4 a multiple of
+    8, 16 two-bit ones along n N = 8 a multiple of 16."""
     errs = _errors(load_spec, FIXED.format(N=N, K=K, b=b), filename="f.yaml")
     assert {(e.line, e.path) for e in errs.errors} == where, str(errs)
     for line in str(errs).splitlines():

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from opgen.codegen import planner
+from opgen.codegen.canonical import spec_to_yaml_dict
 from opgen.codegen.planner.config import INDEX_LIMIT, SIZE_LIMIT
 from opgen.codegen.spec import Shape
+from opgen.codegen.validate import spec_from_dict
 from opgen.codegen.resolve import load_spec, shipped_specs
 
 
@@ -34,6 +36,26 @@ def test_nn_weights_need_16_byte_rows():
         planner.check_shape(spec("awq_w4a16_g128"), 24, 1024)
     planner.check_shape(spec("awq_w4a16_g128"), 544, 1024)
     planner.check_shape(spec("gptq_v2_w4a16_g128"), 24, 1024)   # [K / 8, N] int32: 96-byte rows
+
+
+def test_packed_zero_points_fill_whole_words():
+    """Int zero points packed 8 to an int32 along k, group 128: K = 512 has 4
+    groups, half a word (stored zeros (0, N), and candidates were offered);
+    along n, 16 two-bit ones to a word need N a multiple of 16."""
+    d = spec_to_yaml_dict(spec("gptq_v2_w4a16_g128"))
+    d["b"]["zero"]["pack"]["axis"] = "k"
+    zk = spec_from_dict(d)
+    assert zk.shape.K is None
+    with pytest.raises(planner.PlanError, match="K=512 must be a multiple of 1024 "
+                                                r"\(group 128, 8 zero points per int32"):
+        planner.candidates(zk, "sm_90", 1, 256, 512)
+    assert planner.candidates(zk, "sm_90", 1, 256, 1024)
+    d = spec_to_yaml_dict(spec("w2a16_g128"))
+    d["b"]["zero"] = {"kind": "int", "dtype": "uint2", "pack": {"container": "int32", "axis": "n"}}
+    zn = spec_from_dict(d)
+    with pytest.raises(planner.PlanError, match=r"N=8 must be a multiple of 16 \(16 zero points"):
+        planner.check_shape(zn, 8, 1024)
+    planner.check_shape(zn, 16, 1024)
 
 
 def test_alignment_rule_is_stated():
