@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from ..codegen import random_data, reference
-from ..codegen.spec import stored_shapes
+from ..codegen.spec import INT_OUT_DTYPES, stored_shapes
 from . import tiled
 from .kernel import Kernel
 from .timing import Timer, Timing, n_copies
@@ -202,7 +202,8 @@ def full_check(session, spec, kernel, M: int, N: int, K: int, rng: np.random.Gen
                weights=None) -> Tuple[float, bool]:
     """(relative error, every output finite) of kernel on a fresh random
     problem at the full shape, no tiling (the GPU tests' check): the output
-    poisoned first, compared whole with reference_matmul_f32.  weights:
+    poisoned first, compared whole with reference_matmul_f32 (an int32
+    output: with reference_matmul's exact sums, as integers).  weights:
     (tensors, their dequantized values) to reuse, else drawn from rng."""
     if weights is None:
         tensors = random_data.random_weight_tensors(spec, N, K, rng)
@@ -210,13 +211,21 @@ def full_check(session, spec, kernel, M: int, N: int, K: int, rng: np.random.Gen
     tensors, w_real = weights
     a, a_scale = random_data.random_activation(spec, M, K, rng)
     bias = random_data.random_bias(spec, N, rng) if spec.epilogue.bias else None
-    ref = reference.reference_matmul_f32(spec, a, tensors, a_scale=a_scale, bias=bias,
-                                               w_real=w_real)
     xp, dev = session.xp, session.to_device
     out = xp.full((M, N), tiled.poison(spec), dtype=tiled.out_dtype(spec))
     kernel(dev(a), {k: dev(v) for k, v in tensors.items()}, out, a_scale=dev(a_scale),
            bias=dev(bias))
     session.synchronize()
-    got = tiled.out_to_f32(spec, session.to_host(out)).astype(np.float64)
+    host = session.to_host(out)
+    if spec.out.dtype in INT_OUT_DTYPES:
+        # In int64, not float32, which holds the sums exactly only below 2^24
+        # (an output 1 off would round to the reference's value): the error
+        # is 0 only where every output equals its sum.
+        ref = reference.reference_matmul(spec, a, tensors, a_scale=a_scale).astype(np.int64)
+        got = host.astype(np.int64)
+    else:
+        ref = reference.reference_matmul_f32(spec, a, tensors, a_scale=a_scale, bias=bias,
+                                             w_real=w_real)
+        got = tiled.out_to_f32(spec, host).astype(np.float64)
     err = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
-    return err, bool(np.isfinite(got).all())
+    return err, tiled.nonfinite(spec, host) == 0

@@ -2,12 +2,15 @@
 (tests/numpy_device.py): the tiled problem on the device, its rotating
 copies, verification with poisoned outputs, timing through the session's
 timer, and the full-shape check of the GPU tests."""
+from functools import partial
+
 import numpy as np
 import pytest
 
 from numpy_device import FAKE_US, NumpyKernel, NumpySession
-from opgen.codegen.reference import quantize_activation
+from opgen.codegen.reference import dequantize, quantize_activation, reference_matmul
 from opgen.codegen.spec import stored_shapes
+from opgen.codegen.storage import encode_codes
 from opgen.codegen.tolerance import tolerance
 from opgen.codegen.resolve import as_spec
 from opgen.runtime import workbench
@@ -111,6 +114,28 @@ def test_full_check():
     err, finite = workbench.full_check(NumpySession(), spec, NumpyKernel(spec, "last_tile"), 20,
                                        256, 256, rng)
     assert not finite
+
+
+def test_full_check_compares_an_int32_output_as_integers(monkeypatch):
+    """An int32 output against its exact sums, bit for bit: here 2^25 each
+    (activations -128, weights -8, K = 2^15), where float32 holds only even
+    integers and an output 1 off would round to the reference's value."""
+    spec = as_spec("int8_int4_int32")
+    M, N, K = 2, 8, 1 << 15
+    tensors = {"qweight": encode_codes(spec, np.full((N, K), 8))}          # raw 8: int4 -8
+    weights = (tensors, dequantize(spec, tensors, N, K))
+    monkeypatch.setattr(workbench.random_data, "random_activation",
+                        lambda spec, M, K, rng: (np.full((M, K), -128, np.int8), None))
+
+    def kernel(a, w, out, a_scale=None, bias=None, stream=None, off=0):
+        out[...] = reference_matmul(spec, a, w)
+        assert out[0, 0] == 1 << 25
+        out[0, 0] += off
+    rng = np.random.default_rng(0)
+    assert workbench.full_check(NumpySession(), spec, kernel, M, N, K, rng, weights) == (0.0, True)
+    err, finite = workbench.full_check(NumpySession(), spec, partial(kernel, off=1), M, N, K, rng,
+                                       weights)
+    assert finite and err > tolerance(spec) == 0
 
 
 class _Stream:
