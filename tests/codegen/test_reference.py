@@ -217,6 +217,19 @@ def test_int32_output_beyond_int32_is_an_error_not_a_wrap():
     assert reference_matmul(spec, a, t).tolist() == [[2**31 - 32768]]
 
 
+def test_int32_output_below_int32_is_an_error_not_a_wrap():
+    """127 x -8 over K = 2^21 + 2^18 sums to -1016 K < -2^31; over 2113664
+    of them (the rest zero), to -2^31 + 1024, which fits."""
+    spec = A8["int8_int4_int32"]
+    K = (1 << 21) + (1 << 18)
+    a = np.full((1, K), 127, np.int8)
+    t = {"qweight": _pack_nibbles(np.full((1, K), -8), spec)}
+    with pytest.raises(ValueError, match="int32 output overflows"):
+        reference_matmul(spec, a, t)
+    a[0, 2113664:] = 0
+    assert reference_matmul(spec, a, t).tolist() == [[-2**31 + 1024]]
+
+
 @pytest.mark.parametrize("M,N,K", [(3, 24, 384), (2, 16, 128)])
 def test_group_scales_apply_per_group_to_exact_partial_sums(M, N, K):
     """w4a8_int8_g128: per group g the int64 sum of a * (q - z), times the
