@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from opgen.codegen import compiler, hw, planner, render
 from opgen.codegen.compiler import compile_many
@@ -212,6 +212,26 @@ def test_pdl_quantize_launch(monkeypatch):
     assert got["grid"] == tuple(q.compiled.plan.grid(5, 0)) and got["attrs"] == [(6, 1)]
 
 
+def test_the_gpu_tests_lists_hold_what_sm_90a_offers():
+    """The GPU tests' spec lists below come from the planner's sm_90a
+    candidates at import: each still holds the specs it held when pinned (a
+    kind the planner stopped offering a spec would drop the spec from its
+    test silently, an empty list the whole test)."""
+    a16_decoded = {"bitnet_b158", "bnb_nf4", "fp8_e4m3_w8a16", "gptq_v1_w4a16_g128",
+                   "gptq_v1_w4a16_g128_repacked", "gptq_v2_w4a16_g128",
+                   "gptq_v2_w4a16_g128_repacked", "mxfp4", "w1a16_g128", "w2a16_g128",
+                   "w4a16_sym_g128"}
+    a8 = {"bitnet_b158_a8", "fp8_e4m3_w8a8", "int8_int4_int32", "w4a8_fp8", "w4a8_int8",
+          "w4a8_int8_g128", "w8a8_int8"}
+    assert a16_decoded | {"bitnet_b158_a8", "fp16", "fp8_e4m3_w8a8", "w4a8_int8",
+                          "w8a8_int8"} <= set(TMA_SPECS)
+    assert a16_decoded | a8 - {"fp8_e4m3_w8a8", "w8a8_int8"} | {"awq_w4a16_g128"} <= set(RS_SPECS)
+    assert {"bnb_nf4", "mxfp4"} <= set(PAIR_TABLE_SPECS)
+    assert {"fp8_e4m3_w8a8"} <= set(INFLIGHT_SUMS_SPECS)
+    assert a8 <= set(A8_GEMV_SPECS)
+    assert a16_decoded | {"awq_w4a16_g128", "bitnet_b158_a8", "w4a8_int8"} <= set(PREDECODE_SPECS)
+
+
 # --- on the GPU ----------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -239,9 +259,8 @@ def test_odd_shapes(name, data, record):
     try:
         cands = planner.candidates(spec, arch, M, N, K)
     except planner.PlanError:
-        return  # shape refused with the alignment rule (tested on the CPU)
-    if not cands:
-        return
+        cands = []  # shape refused with the alignment rule (tested on the CPU)
+    assume(cands)   # (a draw refused is not a pass: hypothesis draws another)
     cfg = data.draw(st.sampled_from(cands), label="config")
     run_check(spec, cfg, M, N, K, seed=data.draw(st.integers(0, 2**31)), record=record)
 
@@ -267,18 +286,27 @@ def test_generated_specs_match_reference(d, M, data, record):
     """Any valid spec the planner accepts: a random candidate config against the
     reference (formats, packings, orders, zero kinds, epilogues beyond the shipped set)."""
     spec = spec_from_dict(d)
-    if spec.op != "matmul" or runnable_shape(spec) is None:
-        return
+    assume(spec.op == "matmul" and runnable_shape(spec) is not None)   # (not a pass: redrawn)
     N, K = runnable_shape(spec)
     try:
         cands = planner.candidates(spec, current_arch(), M, N, K)
     except planner.PlanError:
-        return   # refused with its reason (tests/codegen/test_compiler.py)
+        cands = []   # refused with its reason (tests/codegen/test_compiler.py)
+    assume(cands)
     cfg = data.draw(st.sampled_from(cands), label="config")
     run_check(spec, cfg, M, N, K, seed=data.draw(st.integers(0, 2**31)), record=record)
 
 
 WGMMA_SPECS = [n for n in MATMUL_SPECS if n != "awq_w4a16_g128"]   # K-major weights
+
+
+def skip_without(feature):
+    """Skip on a GPU whose arch lacks `feature` (hw.Arch.wgmma / tma, sm_90a's):
+    only there may a test's configs of that kind be missing (elsewhere an
+    empty list fails, not skips)."""
+    arch = current_arch()
+    if not getattr(hw.arch(arch), feature):
+        pytest.skip(f"no {feature} on {arch}")
 
 
 def check_all(spec, cfgs, M, N, K, record):
@@ -295,19 +323,19 @@ def check_all(spec, cfgs, M, N, K, record):
 def test_wgmma_matches_reference(name, M, N, K, record):
     """Every wgmma tile shape (sm_90a) at an odd M and at N not a multiple of
     the tile (tails), one stage count and split each, against the reference."""
-    arch = current_arch()
+    skip_without("wgmma")
     spec = load_spec(shipped_specs()[name])
     one_each = {}      # (tile, split) -> its first config
-    for c in planner.candidates(spec, arch, M, N, K):
+    for c in planner.candidates(spec, current_arch(), M, N, K):
         if c.wgmma:
             one_each.setdefault((c.BM, c.BN, c.WN, c.split_k), c)
-    if not one_each:
-        pytest.skip(f"no wgmma on {arch}")
+    assert one_each
     check_all(spec, list(one_each.values()), M, N, K, record)
 
 
-TMA_SPECS = [n for n in MATMUL_SPECS
-             if any(c.tma for c in planner.candidates(load_spec(shipped_specs()[n]), "sm_90", 70, 1024, 1024))]
+def tma_configs(spec, arch, M, N, K):
+    """The TMA GEMM's configs (the rs GEMM's, TMA too, have their own test)."""
+    return [c for c in planner.candidates(spec, arch, M, N, K) if c.tma and not c.rs]
 
 
 def _dense(name):
@@ -315,9 +343,12 @@ def _dense(name):
 
 
 # K = 2080: a partial last k-tile of 8-bit operands; decoded weights (groups of
-# 32-128) take 2176 = 34 k-tiles of 64.
-TMA_CASES = ([(n, 70, 264, 1152) for n in TMA_SPECS]
-             + [(n, 300, 1032, 2080 if _dense(n) else 2176) for n in TMA_SPECS])
+# 32-128) take 2176 = 34 k-tiles of 64. The shapes where sm_90a has TMA GEMM
+# configs (not every spec at both: 1-bit codes from M = 300 only).
+TMA_CASES = [(n, *shape) for n in WGMMA_SPECS
+             for shape in ((70, 264, 1152), (300, 1032, 2080 if _dense(n) else 2176))
+             if tma_configs(load_spec(shipped_specs()[n]), "sm_90", *shape)]
+TMA_SPECS = sorted({n for n, *_ in TMA_CASES})
 
 
 @pytest.mark.gpu
@@ -327,10 +358,10 @@ def test_tma_matches_reference(name, M, N, K, record):
     pair; for weights stored [N, K] that need decoding, the producer
     warpgroup's decode) at tails in M, N (not a multiple of the tile) and K,
     which TMA fills with zeros."""
+    skip_without("tma")
     spec = load_spec(shipped_specs()[name])
-    cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.tma and not c.rs]
-    if not cfgs:
-        pytest.skip(f"no tma configs on {current_arch()}")
+    cfgs = tma_configs(spec, current_arch(), M, N, K)
+    assert cfgs
     check_all(spec, cfgs, M, N, K, record)
 
 
@@ -350,14 +381,14 @@ def test_long_k_wgmma_matches_reference(name, record):
     it meets at K = 1152: each k-tile's sums are added up in fp32
     (planner.gemm.wgmma_promotes). Summed on the tensor cores alone,
     fp8_e4m3_w8a8 measured 1.9e-2 at this K against 8.8e-3 allowed."""
+    skip_without("wgmma")
     spec = _run_spec(name)
     M, N, K = 70, 264, 57344
     one_each = {}
     for c in planner.candidates(spec, current_arch(), M, N, K):
         if c.wgmma:
             one_each.setdefault((c.BM, c.BN, c.WN, c.tma, c.predecode, c.split_k), c)
-    if not one_each:
-        pytest.skip(f"no wgmma on {current_arch()}")
+    assert one_each
     check_all(spec, list(one_each.values()), M, N, K, record)
 
 
@@ -375,10 +406,10 @@ def test_inflight_sums_equal_the_one_set_kernel(name, M, N, K, record):
     even (8) and an odd, partial (17) count of k-tiles, and within the
     reference's tolerance. hw.Calibration.inflight_sums_verified waits for
     this and a timing."""
+    skip_without("tma")
     spec = _run_spec(name)
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.inflight_sums]
-    if not cfgs:
-        pytest.skip(f"no in-flight sums configs on {current_arch()}")
+    assert cfgs
     check_twins(spec, [(c, replace(c, inflight_sums=False)) for c in cfgs], M, N, K, record)
 
 
@@ -423,10 +454,10 @@ def test_rs_matches_reference(name, M, N, K, record):
     and AWQ moved into their execution layouts; NF4 (the table), ternary and
     2-bit codes (their pairs moved into a word's halves), float32 scales
     converted: the decodes hw.H200.rs_verified does not list yet."""
+    skip_without("wgmma")
     spec = _run_spec(name)
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.rs]
-    if not cfgs:
-        pytest.skip(f"no rs GEMM configs on {current_arch()}")
+    assert cfgs
     check_all(spec, cfgs, M, N, K, record)
 
 
@@ -444,11 +475,11 @@ def test_pair_tables_equal_the_code_by_code_kernel(name, M, N, K, record):
     code-by-code twin's bit for bit (where the twin has that tile), and the
     reference within its tolerance. hw.Calibration.rs_pair_tables waits for
     this and a timing."""
+    skip_without("wgmma")
     spec = _run_spec(name)
     cands = planner.candidates(spec, current_arch(), M, N, K)
     cfgs = [c for c in cands if c.pair_table]
-    if not cfgs:
-        pytest.skip(f"no pair-table configs on {current_arch()}")
+    assert cfgs
     pairs = [(c, replace(c, pair_table=False)) for c in cfgs]
     pairs = [(c, t if t in cands else None) for c, t in pairs]
     assert sum(t is not None for _, t in pairs) >= len(pairs) // 2
@@ -485,10 +516,10 @@ def test_a8_predecode_matches_reference(name, M, N, K, record):
     """Sub-byte codes widened once into 8-bit ones for the dense 8-bit GEMMs
     ("predecode" in hw.Calibration.a8_verified waits for this): every
     predecode config at tails, in the layout opgen.load runs."""
+    skip_without("wgmma")          # (8-bit activations predecode into the wgmma GEMMs)
     spec = _run_spec(name)
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.predecode]
-    if not cfgs:
-        pytest.skip(f"no predecode configs on {current_arch()}")
+    assert cfgs
     check_all(spec, cfgs, M, N, K, record)
 
 
@@ -530,6 +561,7 @@ def test_every_row_gemv(name, M, record):
     spec = load_spec(shipped_specs()[name])
     N, K = 264, 1152
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.family == "gemv"]
+    assert cfgs
     check_all(spec, cfgs, M, N, K, record)
 
 
@@ -542,6 +574,7 @@ def test_every_column_gemv(name, M, record):
     spec = load_spec(shipped_specs()[name])
     N, K = 288, 1152
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.family == "gemv"]
+    assert cfgs
     check_all(spec, cfgs, M, N, K, record)
 
 
@@ -558,7 +591,10 @@ def test_predecode_matches_reference(name, M, N, K, record):
     dense GEMM) at N past the tile (288; a multiple of 32 for AWQ's 16-byte
     rows) and at the size it is picked for."""
     spec = load_spec(shipped_specs()[name])
+    if spec.a.dtype in A8_DTYPES:
+        skip_without("wgmma")      # (8-bit activations predecode into the wgmma GEMMs)
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.predecode]
+    assert cfgs
     if K == 4096:    # the large shape: one tile per kind (mma.sync / wgmma, width)
         one = {}
         for c in cfgs:
@@ -576,6 +612,7 @@ def test_memcheck_one_config_of_each_kind(name, record):
     (memcheck: every load and store in bounds)."""
     spec = run_spec(name)
     arch = current_arch()
+    checked = 0
     for M in (13, 70, 300):
         for N in (264, 288):                       # (288: rows of 16 bytes for [K, N] words)
             K = 1152
@@ -588,7 +625,9 @@ def test_memcheck_one_config_of_each_kind(name, record):
                 kind = "predecode" if c.predecode else planner.plan(spec, c, arch).kind
                 kinds.setdefault((kind, c.split_k > 1), c)
             check_all(spec, list(kinds.values()), M, N, K, record)
+            checked += len(kinds)
             break
+    assert checked, f"{name}: no shape ran"
 
 
 @pytest.mark.gpu
