@@ -17,7 +17,7 @@ from opgen.runtime.arrays import ACCEPT
 from opgen.runtime.device import NoGPUError, has_gpu
 from opgen.runtime.op import load_linear, quantize_spec
 from opgen.runtime.tuning_db import make_key
-from opgen.runtime.tiled import out_to_f32
+from opgen.runtime.tiled import out_dtype, out_to_f32, poison
 
 
 def test_load_without_gpu_says_so():
@@ -35,6 +35,14 @@ def test_the_fused_linear_quantizes_to_the_spec_activation():
 
 
 # --- on the GPU ----------------------------------------------------------------------------
+
+def poisoned_out(spec, M, N):
+    """An op's out= [M, N] full of the workbench's poison (NaN): an output
+    the kernel leaves unwritten fails the check, where a fresh allocation
+    may hold an earlier call's right answer."""
+    import cupy as cp
+    return cp.full((M, N), poison(spec), dtype=out_dtype(spec))
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["quantize_int8_row", "quantize_fp8_row"])
@@ -68,7 +76,7 @@ def test_dispatch_and_errors():
         a, _ = random_activation(spec, M, K, rng)
         ref = reference_matmul_f32(spec, a, w)
         for o, args in ((op, (prepared,)), (stored, (dev["qweight"], dev["scales"], dev["zeros"]))):
-            out = o(cp.asarray(a), *args)
+            out = o(cp.asarray(a), *args, out=poisoned_out(spec, M, N))
             err = np.linalg.norm(out.get().astype(np.float64) - ref) / np.linalg.norm(ref)
             assert err <= tolerance(spec), (M, o.kernel_spec.name, o.config_for(M).name, err)
     assert op.config_for(1).family == "gemv" and op.config_for(300).family == "gemm"
@@ -104,7 +112,7 @@ def test_prepare_on_the_gpu_equals_numpy_and_runs(name):
         assert np.array_equal(on_gpu.tensors[k].get(), v), k
     for M in (1, 13, 77):
         a, _ = random_activation(spec, M, K, rng)
-        out = op(cp.asarray(a), on_gpu)
+        out = op(cp.asarray(a), on_gpu, out=poisoned_out(spec, M, N))
         ref = reference_matmul_f32(spec, a, w)
         err = np.linalg.norm(out.get().astype(np.float64) - ref) / np.linalg.norm(ref)
         assert err <= tolerance(spec), (M, op.config_for(M).name, err)
@@ -141,7 +149,8 @@ def test_fused_w8a8_linear(name, M):
     w = random_weight_tensors(spec, N, K, rng)
     x = rng.standard_normal((M, K)).astype(np.float16)
     op = load_linear(spec, N=N, K=K, use_db=False)
-    out = op(cp.asarray(x), *[cp.asarray(w[k]) for k in ("qweight", "scales", "zeros") if k in w])
+    out = op(cp.asarray(x), *[cp.asarray(w[k]) for k in ("qweight", "scales", "zeros") if k in w],
+             out=poisoned_out(spec, M, N))
     codes, a_scale = quantize_activation(spec, x)
     ref = reference_matmul_f32(spec, codes, w, a_scale=a_scale)
     got = out_to_f32(spec, out.get())
