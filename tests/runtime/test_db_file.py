@@ -249,6 +249,25 @@ def test_read_only_paths(tmp_path):
         ro_dir.chmod(0o755)
 
 
+def test_a_read_only_file_is_refused_and_kept(path, monkeypatch):
+    """The writer's read-only check (os.access) as CI meets it: root, which
+    ignores the mode test_read_only_paths sets, so here os.access says no.
+    The file is left as it was."""
+    TuningDB(path, shipped=False).put(key_for(), "1", rec())
+    before = path.read_bytes()
+    real_access = os.access
+
+    def deny_write(p, mode, *a, **k):
+        if os.path.realpath(p) == os.path.realpath(path) and mode & os.W_OK:
+            return False
+        return real_access(p, mode, *a, **k)
+    monkeypatch.setattr(os, "access", deny_write)
+    with pytest.raises(TuningDBError, match=r"cannot write the tuning DB .*: it is read-only$"):
+        TuningDB(path, shipped=False).put(key_for(), "2-4", rec())
+    assert path.read_bytes() == before
+    assert TuningDB(path, shipped=False).lookup(key_for(), "1") is not None
+
+
 def test_permission_denied_is_one_line(path, monkeypatch):
     """What a read-only folder does to a writer (simulated: root, which runs
     these tests in CI, ignores permissions)."""
