@@ -10,7 +10,7 @@ import math
 from hypothesis import strategies as st
 
 from opgen.codegen import planner, spec as S
-from opgen.codegen.validate import FLOAT_WEIGHT_DTYPES
+from opgen.codegen.validate import FLOAT_WEIGHT_DTYPES, zero_range
 
 
 def _lcm(*xs):
@@ -38,6 +38,14 @@ def pack_dicts(draw, bits, axis=None):
     return pk, P
 
 
+def _a8_zero_points(a_dtype, wdtype, zero) -> range:
+    """The const zero points (or int zero offsets) validate.zero_range allows
+    8-bit activations over sub-byte codes: empty where none is exact."""
+    w = S.Weight(dtype=wdtype, zero=zero)
+    lo, hi, _ = zero_range(S.Spec("z", "matmul", S.Activation(a_dtype, "row"), w, S.Output()))
+    return range(lo, hi + 1)
+
+
 @st.composite
 def valid_spec_dicts(draw):
     op = draw(st.sampled_from(["matmul"] * 5 + ["quantize"]))
@@ -59,19 +67,23 @@ def valid_spec_dicts(draw):
             d["shape"] = shape
         return d
 
-    combo = draw(st.sampled_from(["a16"] * 4 + ["int8", "fp8"]))
+    # 8-bit activations (docs/spec.md, Activation/weight combinations): their own
+    # 8-bit weights or sub-byte integer codes (W4A8, BitNet A8); "int32": int8
+    # ones without a scale, the raw int32 accumulator out
+    combo = draw(st.sampled_from(["a16"] * 4 + ["int8", "fp8", "int32"]))
     if combo == "a16":
         d["a"] = {"dtype": draw(st.sampled_from(["float16", "bfloat16"]))}
         wdtype = draw(st.sampled_from(S.WEIGHT_DTYPES))
         _maybe(draw, d, "accumulate", "float32", "float32")
-    elif combo == "int8":
-        d["a"] = {"dtype": "int8", "scale": "row"}
-        wdtype = "int8"
-        d["accumulate"] = "int32"
     else:
-        d["a"] = {"dtype": "float8_e4m3", "scale": "row"}
-        wdtype = "float8_e4m3"
-        _maybe(draw, d, "accumulate", "float32", "float32")
+        a_dtype = "float8_e4m3" if combo == "fp8" else "int8"
+        d["a"] = {"dtype": a_dtype} if combo == "int32" else {"dtype": a_dtype, "scale": "row"}
+        wdtype = draw(st.sampled_from([a_dtype] * 3 + list(S.SUB_BYTE_INT_DTYPES)))
+        if a_dtype == "int8":
+            d["accumulate"] = "int32"
+        else:
+            _maybe(draw, d, "accumulate", "float32", "float32")
+    codes = combo == "a16" or wdtype in S.SUB_BYTE_INT_DTYPES   # group scales, zero points
 
     b = {"dtype": wdtype}
     _maybe(draw, b, "layout", draw(st.sampled_from(S.LAYOUTS)), "nt")
@@ -88,8 +100,8 @@ def valid_spec_dicts(draw):
         pack_axis = b["pack"]["axis"]
 
     # scale
-    grans = ["none", "channel", "tensor"]
-    if wdtype not in ("float16", "bfloat16") and combo == "a16":
+    grans = ["none", "channel", "tensor"] if combo != "int32" else ["none"]
+    if wdtype not in ("float16", "bfloat16") and codes and combo != "int32":
         grans += ["group", "group"]
     gran = draw(st.sampled_from(grans))
     group = None
@@ -106,9 +118,18 @@ def valid_spec_dicts(draw):
         b["scale"] = sc
 
     # zero point
+    # (bfloat16 holds |x| <= 256 exactly: q - z of 8-bit codes and zero points of opposite
+    # signs does not fit, validate.zero_range; 8-bit activations: the zero dtypes some
+    # offset fits)
+    zdtypes = [z for z in S.INT_ZERO_DTYPES if (gran != "tensor" or S.WEIGHT_CODES[z].bits == 8)
+               and (d["a"]["dtype"] != "bfloat16" or z.startswith("int") == wdtype.startswith("int"))
+               and (combo == "a16" or _a8_zero_points(a_dtype, wdtype, S.Zero("int", z)))
+               ] if codes else []
     kinds = ["none"]
-    if gran != "none" and wdtype not in FLOAT_WEIGHT_DTYPES and combo == "a16":
-        kinds += ["const", "float", "int", "int"]
+    if gran != "none" and wdtype not in FLOAT_WEIGHT_DTYPES and codes:
+        kinds += ["const"] + (["float"] if combo == "a16" else [])   # (a8: q - z an integer)
+        if zdtypes:
+            kinds += ["int", "int"]
     kind = draw(st.sampled_from(kinds))
     dn, dk = _lcm(P if pack_axis == "n" else 1), _lcm(P if pack_axis == "k" else 1, group or 1)
     if kind == "none":
@@ -117,14 +138,11 @@ def valid_spec_dicts(draw):
     elif kind == "const":
         # (validate.zero_range: bf16 holds |q - z| <= 256, so with uint8 codes z >= -1;
         # bf16 int4: up to 120)
-        b["zero"] = {"kind": "const", "value": draw(st.integers(-1, 100))}
+        values = range(-1, 101) if combo == "a16" else _a8_zero_points(a_dtype, wdtype, S.Zero("const"))
+        b["zero"] = {"kind": "const", "value": draw(st.sampled_from(values))}
     elif kind == "float":
         b["zero"] = {"kind": "float", "dtype": draw(st.sampled_from(S.FLOAT_ZERO_DTYPES))}
     else:
-        # (bfloat16 holds |x| <= 256 exactly: q - z of 8-bit codes and zero points of opposite
-        # signs does not fit, validate.zero_range)
-        zdtypes = [z for z in S.INT_ZERO_DTYPES if (gran != "tensor" or S.WEIGHT_CODES[z].bits == 8)
-                   and (d["a"]["dtype"] != "bfloat16" or z.startswith("int") == wdtype.startswith("int"))]
         zd = draw(st.sampled_from(zdtypes))
         z = {"kind": "int", "dtype": zd}
         zbits = S.WEIGHT_CODES[zd].bits
@@ -134,10 +152,14 @@ def valid_spec_dicts(draw):
                 dn = _lcm(dn, Pz)
             else:
                 dk = _lcm(dk, group * Pz)
-        _maybe(draw, z, "offset", draw(st.integers(-1, 1)), 0)      # (bf16, uint8: -1..1)
+        offsets = range(-1, 2) if combo == "a16" else _a8_zero_points(a_dtype, wdtype, S.Zero("int", zd))
+        _maybe(draw, z, "offset", draw(st.sampled_from(offsets)), 0)   # (a16: bf16, uint8: -1..1)
         b["zero"] = z
     if draw(st.booleans()):
-        b["formula"] = draw(st.sampled_from(list(S.FORMULAS) + ["(q-z)*s", "q*s - z"]))
+        # (8-bit activations take the integer q - z: with a zero point, no q * s - z)
+        any_formula = combo == "a16" or kind == "none"
+        b["formula"] = draw(st.sampled_from(["(q - z) * s", "(q-z)*s"]
+                                            + (["q * s - z", "q*s - z"] if any_formula else [])))
     d["b"] = b
 
     # fixed sizes the kernels take too (planner.shape_problems): N a multiple of 8 and of
@@ -149,6 +171,11 @@ def valid_spec_dicts(draw):
         shape["K"] = draw(st.one_of(st.just("any"), st.integers(1, 64).map(lambda m: m * dk)))
     if shape:
         d["shape"] = shape
+    if combo == "int32":                 # the raw accumulator: no bias, no activation
+        d["out"] = {"dtype": "int32"}
+        if draw(st.booleans()):
+            d["epilogue"] = {"bias": False, "activation": "none"}
+        return d
     out = draw(st.sampled_from(S.OUT_DTYPES))
     _maybe(draw, d, "out", {"dtype": out}, {"dtype": "float16"})
     if draw(st.booleans()):

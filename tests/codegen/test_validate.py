@@ -154,7 +154,8 @@ def m_inconsistent(d, draw):
     if a["dtype"] in ("float16", "bfloat16"):
         cands += ["a16_scale", "acc_int32"]
     if a["dtype"] == "int8":
-        cands += ["int8_acc", "int8_noscale", "int8_wdtype"]
+        # (no scale: an int32 output, which takes none)
+        cands += ["int8_acc", "int8_noscale" if "scale" in a else "int32_a_scale", "int8_wdtype"]
     if a["dtype"] == "float8_e4m3":
         cands += ["fp8_wdtype"]
     if b is not None:
@@ -201,6 +202,9 @@ def m_inconsistent(d, draw):
         return "accumulate"
     if c == "int8_noscale":
         del a["scale"]
+        return "a.scale"
+    if c == "int32_a_scale":
+        a["scale"] = "row"
         return "a.scale"
     if c == "int8_wdtype":
         b["dtype"] = "uint8"
