@@ -7,10 +7,26 @@ from typing import Any, Dict
 import yaml
 
 from .spec import Pack, Spec, Weight
+from .yaml_source import plain_reads_as_string
+
+
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, but strings that YAML 1.2 would read as something
+    else are quoted (load_spec refuses a plain scalar the two YAMLs disagree on)."""
+
+
+_Dumper.add_representer(str, lambda dumper, s: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", s, style=None if plain_reads_as_string(s) else '"'))
+
+
+def dump_yaml(data, **kw) -> str:
+    """yaml.safe_dump's text of data (keyword arguments: its options), which
+    load_spec reads back as data."""
+    return yaml.dump(data, Dumper=_Dumper, **kw)
 
 
 def spec_to_yaml_dict(spec: Spec) -> dict:
-    """Canonical YAML form of a Spec: load_spec(yaml.safe_dump(d)) == spec."""
+    """Canonical YAML form of a Spec: load_spec(dump_yaml(d)) == spec."""
     d: Dict[str, Any] = {"opgen": spec.version, "name": spec.name}
     if spec.description:
         d["description"] = spec.description
@@ -70,8 +86,7 @@ def _weight_to_dict(w: Weight) -> dict:
 
 def dump_spec(spec: Spec) -> str:
     """The spec as YAML text (canonical form, keys in language order)."""
-    return yaml.safe_dump(spec_to_yaml_dict(spec), sort_keys=False,
-                          default_flow_style=None, width=100)
+    return dump_yaml(spec_to_yaml_dict(spec), sort_keys=False, default_flow_style=None, width=100)
 
 
-__all__ = ["spec_to_yaml_dict", "dump_spec"]
+__all__ = ["spec_to_yaml_dict", "dump_spec", "dump_yaml"]

@@ -202,6 +202,13 @@ def _yaml12(text: str):
     return text
 
 
+def plain_reads_as_string(text: str) -> bool:
+    """Whether `text`, written as a plain (unquoted) scalar, is a string to
+    YAML 1.2 too (PyYAML, which writes YAML 1.1, quotes only what 1.1 reads
+    otherwise: 0E0 and 0o17 come out plain, and are numbers to 1.2)."""
+    return isinstance(_yaml12(text), str)
+
+
 def _same(a, b) -> bool:
     return type(a) is type(b) and (a == b or (isinstance(a, float) and math.isnan(a)
                                               and math.isnan(b)))

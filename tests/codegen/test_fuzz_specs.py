@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 
 from opgen.cli import main
 from opgen.codegen import planner
+from opgen.codegen.canonical import dump_yaml
 from opgen.codegen.resolve import load_spec, shipped_specs
 from opgen.codegen.yaml_source import MAX_SPEC_BYTES
 
@@ -188,7 +189,7 @@ def mutated_data(draw, name=None):
 
 
 def _dump(draw, d) -> str:
-    return yaml.safe_dump(d, sort_keys=False, allow_unicode=draw(st.booleans()),
+    return dump_yaml(d, sort_keys=False, allow_unicode=draw(st.booleans()),
                           default_flow_style=draw(st.sampled_from((False, None, True))),
                           width=draw(st.sampled_from((80, 10 ** 6))))
 

@@ -20,7 +20,7 @@ from opgen.cli import main
 from opgen.codegen import numerics as nx
 from opgen.codegen import planner
 from opgen.codegen import spec as S
-from opgen.codegen.canonical import spec_to_yaml_dict
+from opgen.codegen.canonical import dump_yaml, spec_to_yaml_dict
 from opgen.codegen.errors import SpecError, SpecErrors, UserError
 from opgen.codegen.resolve import load_spec
 from opgen.codegen.validate import (A8_DECODE_INTS, FLOAT_WEIGHT_DTYPES, SUB_BYTE_INT_DTYPES,
@@ -47,9 +47,9 @@ def test_valid_specs_validate_and_round_trip(d):
     spec = spec_from_dict(d)
     hash(spec)                                              # frozen, tuples only
     assert spec.name == d["name"] and spec.op == d["op"]
-    assert load_spec(yaml.safe_dump(d)) == spec             # the dict as a YAML file
+    assert load_spec(dump_yaml(d)) == spec                  # the dict as a YAML file
     canon = spec_to_yaml_dict(spec)
-    text = yaml.safe_dump(canon, sort_keys=False)
+    text = dump_yaml(canon, sort_keys=False)
     again = load_spec(text, filename="x.yaml")
     assert again == spec
     assert spec_to_yaml_dict(again) == canon
