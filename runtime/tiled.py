@@ -21,7 +21,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from ..codegen import planner, random_data, reference
-from ..codegen.tolerance import tolerance
+from ..codegen.tolerance import output_error, tolerance
 
 BASE_LIMIT = 2048            # largest N0, K0
 ROW_LIMIT = 512              # largest M0
@@ -70,8 +70,8 @@ def check_rows(spec, a_rows, s_rows, w_ref, host_bias, got, N, K, N0, K0, tol=No
     """Compare output rows (got: their values, float) with the reference of
     the tiled problem.  a_rows / s_rows: those rows of the base activation
     [., K0] and their scales; w_ref: the base weight, dequantized.  tol: the
-    largest relative error accepted (default: tolerance(spec)).
-    Returns {"verified", "rel_err" (None if not finite), "verify_msg" if not}."""
+    largest error accepted (tolerance.output_error; default tolerance(spec)).
+    Returns {"verified", "rel_err" (that error; None if not finite), "verify_msg" if not}."""
     act = reference.activation_to_float(spec, np.asarray(a_rows),
                                         None if s_rows is None else np.asarray(s_rows))
     ref = (K // K0) * (act.astype(np.float64) @ w_ref.T)
@@ -85,11 +85,11 @@ def check_rows(spec, a_rows, s_rows, w_ref, host_bias, got, N, K, N0, K0, tol=No
     if not np.isfinite(got).all():
         return {"verified": False, "rel_err": None,
                 "verify_msg": f"{int((~np.isfinite(got)).sum())} NaN/Inf in checked rows"}
-    err = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+    err = output_error(spec, got, ref)
     ok = err <= tol
     res = {"verified": ok, "rel_err": float(f"{err:.3g}")}
     if not ok:
-        res["verify_msg"] = f"relative error {err:.2e} > {tol:.1e}"
+        res["verify_msg"] = f"error {err:.2e} > {tol:.1e} (tolerance.output_error)"
     return res
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..codegen import random_data, reference
 from ..codegen.spec import INT_OUT_DTYPES, stored_shapes
+from ..codegen.tolerance import output_error
 from . import tiled
 from .kernel import Kernel
 from .timing import Timer, Timing, n_copies
@@ -172,8 +173,8 @@ class Problem:
                                           repeats=repeats, estimate_us=estimate_us)
 
     def verify(self, kernel, tol: float) -> Tuple[bool, float, str]:
-        """(ok, relative error, why not) of kernel on the first input set: the
-        output is poisoned with NaN first and must come back finite everywhere
+        """(ok, error (tolerance.output_error), why not) of kernel on the first
+        input set: the output is poisoned with NaN first and must come back finite everywhere
         (every element written), and its checked rows (tiled.check_rows_of:
         the first, middle and last m-tiles) must match the reference within
         tol (tiled.check_rows)."""
@@ -200,11 +201,12 @@ class Problem:
 
 def full_check(session, spec, kernel, M: int, N: int, K: int, rng: np.random.Generator,
                weights=None) -> Tuple[float, bool]:
-    """(relative error, every output finite) of kernel on a fresh random
-    problem at the full shape, no tiling (the GPU tests' check): the output
-    poisoned first, compared whole with reference_matmul_f32 (an int32
-    output: with reference_matmul's exact sums, as integers).  weights:
-    (tensors, their dequantized values) to reuse, else drawn from rng."""
+    """(error (tolerance.output_error), every output finite) of kernel on a
+    fresh random problem at the full shape, no tiling (the GPU tests'
+    check): the output poisoned first, compared whole with
+    reference_matmul_f32 (an int32 output: with reference_matmul's exact
+    sums, as integers).  weights: (tensors, their dequantized values) to
+    reuse, else drawn from rng."""
     if weights is None:
         tensors = random_data.random_weight_tensors(spec, N, K, rng)
         weights = (tensors, reference.dequantize(spec, tensors, N, K))
@@ -227,5 +229,4 @@ def full_check(session, spec, kernel, M: int, N: int, K: int, rng: np.random.Gen
         ref = reference.reference_matmul_f32(spec, a, tensors, a_scale=a_scale, bias=bias,
                                              w_real=w_real)
         got = tiled.out_to_f32(spec, host).astype(np.float64)
-    err = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
-    return err, tiled.nonfinite(spec, host) == 0
+    return output_error(spec, got, ref), tiled.nonfinite(spec, host) == 0
