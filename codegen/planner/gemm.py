@@ -44,7 +44,8 @@ def check_byte_lanes(lay: Layout) -> None:
     if not (lay.row_axis == "n" and lay.pack_axis == "k" and lay.elem_bytes == 4
             and lay.order == byte_lanes(lay.P)):
         raise PlanError("8-bit activations read sub-byte codes as int32 words along k in the "
-                        "byte-lanes order: run the execution spec (planner.execution_spec)")
+                        "byte-lanes order: the execution spec (planner.execution_spec) stores "
+                        "them so where each scale group holds whole int32 words of codes")
 
 
 def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) -> Dict:

@@ -201,8 +201,8 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
              and (cal.inflight_sums_verified or not c.inflight_sums)
              and (not c.pair_table or M <= cal.rs_pair_tables.get(kind, 0))]
     if not cands:
-        raise PlanError(f"{spec.name}: no kernel configuration fits M={M} N={N} K={K} on {arch} "
-                        f"once {len(exclude)} excluded ones are left out")
+        raise PlanError(f"{spec.name}: no kernel configuration fits M={M} N={N} K={K} on {arch}"
+                        + (f" besides the {len(exclude)} excluded" if exclude else ""))
     tc = [c for c in cands if c.tc]
     rs = [c for c in cands if c.rs]                 # (only where rs_pickable)
     if 9 <= M <= 16 and rs and _rs_from_m9(kind, N, sms, cal):
