@@ -60,9 +60,13 @@ def model_config(name_or_path: Union[str, Path]) -> Tuple[dict, str]:
     """(config dict, the file it came from) of a shipped model
     (`shipped_models()`) or of a config.json / model directory."""
     shipped = MODELS_DIR / f"{name_or_path}.json"
-    if shipped.is_file():
+    try:
+        is_shipped, exists = shipped.is_file(), Path(name_or_path).exists()
+    except OSError as e:                 # e.g. a name longer than the filesystem allows
+        raise UserError(f"{str(name_or_path)[:120]}: cannot use this path ({e.strerror or e})") from None
+    if is_shipped:
         return read_config(shipped)
-    if not Path(name_or_path).exists():
+    if not exists:
         raise UserError(f"{name_or_path}: neither a shipped model ({', '.join(shipped_models())}) "
                         f"nor a config.json or model directory")
     return read_config(name_or_path)

@@ -11,6 +11,7 @@ import sys
 import warnings
 from typing import List
 
+from ..codegen.errors import UserError
 from ..runtime.tuner import tuned_among_current
 from ..runtime.tuning_db import (CURRENT, ENV_VAR, DBKey, Record, TuningDB, TuningDBError,
                                  definition_of, record_status, speedup, stale)
@@ -96,7 +97,11 @@ def cmd_show(args: argparse.Namespace) -> int:
                r.get("M"), config_label(r), float(r["median_us"]), r.get("heuristic_us"),
                speedup(r), r.get("nvrtc")]
         rows.append(row + (_check(k, e.key, r) if args.check else []))
-    print(f"tuning DB: {db.path}" + ("" if db.path.exists() else " (no file yet)"))
+    try:
+        there = db.path.exists()
+    except OSError as e:                 # e.g. a name longer than the filesystem allows
+        raise UserError(f"--path: cannot use {str(db.path)[:120]} ({e.strerror or e})") from None
+    print(f"tuning DB: {db.path}" + ("" if there else " (no file yet)"))
     if not rows:
         print("no records" + (f" for spec {args.spec}" if args.spec else ""))
     else:

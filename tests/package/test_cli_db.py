@@ -125,6 +125,11 @@ def test_bad_records_are_reported_one_by_one(path, opgen):
     assert opgen("db", "show", "--path", path, "--no-shipped")[0] == 0
 
 
+def test_a_path_the_os_refuses_is_one_line(tmp_path, opgen):
+    rc, out, err = opgen("db", "show", "--path", tmp_path / ("d" * 300))
+    assert rc == 2 and err.startswith("opgen: error: --path: cannot use") and len(err.splitlines()) == 1
+
+
 def test_prune_of_a_read_only_db_says_remove_of_nothing(path, opgen, monkeypatch):
     """(read-only simulated: root, which runs the tests in CI, may write anything)"""
     TuningDB(path, shipped=False).put(key_for(), "1", rec(2.0))

@@ -171,6 +171,7 @@ def test_model_shapes_a_spec_refuses_are_skipped(capsys, monkeypatch, tmp_path):
     (["--shapes", "4096x4096", "--no-fused"], "--fused / --no-fused go with --model"),
     (["--model", "{d}/nothere.json"], "nothere.json: neither a shipped model"),
     (["--model", "{d}/bad.json"], "bad.json: hidden_size: missing"),
+    (["--model", "m" * 300], "cannot use this path (File name too long)"),
 ])
 def test_model_errors(argv, msg, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(tuner, "tune_many", lambda *a, **k: pytest.fail("must not start"))
