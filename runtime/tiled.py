@@ -162,12 +162,12 @@ def poison(spec):
 
 
 def out_to_f32(spec, host: np.ndarray) -> np.ndarray:
-    """float32 values of an output (int32: rounded as astype does, the poison
-    a NaN: reference.reference_matmul_f32 rounds its exact sums alike)."""
+    """float32 values of an output (int32: float64, which holds every int32
+    exactly, where float32 would round sums past 2^24; the poison a NaN)."""
     if spec.out.dtype == "bfloat16":
         return (host.astype(np.uint32) << 16).view(np.float32)
     if spec.out.dtype == "int32":
-        return np.where(host == INT32_POISON, np.float32(np.nan), host.astype(np.float32))
+        return np.where(host == INT32_POISON, np.nan, host.astype(np.float64))
     return host.astype(np.float32)
 
 

@@ -79,3 +79,10 @@ def test_nonfinite_counts_poison_in_every_out_dtype():
         assert tiled.nonfinite(spec, arr, np) == 3
         assert np.isnan(tiled.out_to_f32(spec, arr[:3])).all()
         assert arr.dtype == tiled.out_dtype(spec)
+
+
+def test_int32_outputs_convert_exactly_past_2_to_the_24():
+    spec = Spec(name="x", op="matmul", a=Activation("int8"), b=None, out=Output("int32"))
+    big = np.array([2 ** 24 + 1, -(2 ** 30) - 3, tiled.INT32_POISON], dtype=np.int32)
+    got = tiled.out_to_f32(spec, big)
+    assert got[0] == 2 ** 24 + 1 and got[1] == -(2 ** 30) - 3 and np.isnan(got[2])
