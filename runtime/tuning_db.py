@@ -182,7 +182,9 @@ def make_record(config: dict, median_us: float, *, M: int, runner_up_us=(),
     put requires: rendered_hash), nvrtc."""
     rec: Record = {"config": dict(config), "M": int(M), "median_us": round(float(median_us), 4),
                    "runner_up_us": [round(float(t), 4) for t in runner_up_us],
-                   "heuristic_us": None if heuristic_us is None else round(float(heuristic_us), 4),
+                   # (informational: a time that is not one is left out, not the record)
+                   "heuristic_us": (round(float(heuristic_us), 4)
+                                    if db_file.positive_number(heuristic_us) else None),
                    "measured_at": now_iso(), "opgen": __version__}
     if config_name is not None:
         rec["config_name"] = config_name
