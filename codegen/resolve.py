@@ -106,10 +106,10 @@ def resolve_spec(arg: Union[str, os.PathLike]) -> Path:
     if "\n" in s:
         raise SpecErrors([SpecError("<YAML text>", 0, "spec", "a spec's YAML text, not a path "
                                     "or a shipped name: load_spec reads it")])
-    shown = s if len(s) <= 120 else s[:117] + "..."
     try:
         is_file, exists = p.is_file(), p.exists()
     except OSError as e:                 # e.g. a name longer than the filesystem allows
+        shown = s if len(s) <= 120 else s[:117] + "..."
         raise SpecErrors([SpecError(shown, 0, "spec", f"cannot use this path: {e.strerror or e}")]) from None
     if is_file:
         return p
@@ -121,7 +121,7 @@ def resolve_spec(arg: Union[str, os.PathLike]) -> Path:
         msg = "not a file"
     else:
         msg = "no such file and not a shipped spec name"
-    raise SpecErrors([SpecError(shown, 0, "spec", f"{msg} (shipped: {', '.join(shipped)})")])
+    raise SpecErrors([SpecError(s, 0, "spec", f"{msg} (shipped: {', '.join(shipped)})")])
 
 
 __all__ = ["as_spec", "load_spec", "resolve_spec", "shipped_specs"]

@@ -344,12 +344,15 @@ def check_writable(path: Path) -> None:
     Where it is not yet (the first write makes it): nothing is made; the
     nearest folder above it must be one this process can make folders in."""
     real = Path(os.path.realpath(path))
-    if real.parent.is_dir():
-        update(path, lambda records: False, write_if=bool)
-        return
-    above = real.parent
-    while not above.exists():            # (realpath: no links left to follow)
-        above = above.parent
+    try:
+        if real.parent.is_dir():
+            update(path, lambda records: False, write_if=bool)
+            return
+        above = real.parent
+        while not above.exists():        # (realpath: no links left to follow)
+            above = above.parent
+    except OSError as e:                 # e.g. a name too long, a folder we may not search
+        raise _os_error(real, e) from None
     if not above.is_dir():
         raise TuningDBError(f"cannot write the tuning DB {real}: {above} is not a directory")
     if not os.access(above, os.W_OK | os.X_OK):

@@ -424,12 +424,13 @@ class TuningDB:
     def put_many(self, items: Iterable[Tuple[KeyLike, str, Record]]) -> None:
         """Store several records under one lock (one read-merge-replace)."""
         items = [(str(k), b, r) for k, b, r in items]
-        for _, bucket, rec in items:
+        for key, bucket, rec in items:
+            db_file.key_fields(key)            # ValueError: a key no lookup could name
             if bucket not in LABELS:
                 raise ValueError(f"unknown M bucket {bucket!r}; known: {', '.join(LABELS)}")
             why = record_problem(bucket, rec)
             if why is not None:
-                raise ValueError(f"a record needs a 'config' dict and a positive 'median_us': {why}")
+                raise ValueError(f"not a record the DB can keep: {why}")
             if not isinstance(rec.get("source_hash"), str):
                 raise ValueError("a record needs its config's 'source_hash' (rendered_hash): "
                                  "without one it is never served")

@@ -66,17 +66,24 @@ EXECUTION_SUFFIX = "_exec"
 
 def _target(w: Weight, a_dtype: str, lay: ExecutionLayout) -> Weight:
     """w stored as `lay` says (the meaning kept) for activations of a_dtype."""
+    s = w.scale
+    code = weight_code(w)
+    if (s is not None and s.granularity == "group" and s.group % (32 // code.bits)
+            and not (w.pack is not None and w.pack.planes)):
+        # Along k every kernel reads codes in vectors of 4+ bytes, which must
+        # not straddle a scale group; a group of fewer (e.g. 44 2-bit codes,
+        # or 1 int8 code) keeps the weight as stored, whose kernels may read
+        # it along n.
+        return w
     t = dataclasses.replace(w, layout="nt" if lay.rows_n else w.layout)
     if w.pack is None:
         return t
-    code = weight_code(w)
     if lay.byte_lanes and a_dtype in A8_DTYPES and w.dtype in SUB_BYTE_INT_DTYPES:
         pack = Pack("int32", "k", byte_lanes(32 // code.bits))
     elif lay.int4_pack is not None and code.bits == 4 and code.kind in ("uint", "int"):
         pack = lay.int4_pack
     else:
         pack = dataclasses.replace(w.pack, axis="k" if lay.pack_k else w.pack.axis, planes=False)
-    s = w.scale
     P = CONTAINER_BITS[pack.container] // code.bits
     if pack.axis == "k" and s is not None and s.granularity == "group" and s.group % P:
         # A word must not straddle two scale groups (validate.py's rule):

@@ -48,7 +48,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         result = build_spec(spec, out_dir, args.arch, M=shape.M, N=shape.N, K=shape.K)
     except OSError as e:
         # (the error may name the absolute temporary file of a relative --out)
-        if e.filename and Path(os.path.abspath(e.filename)).is_relative_to(out_dir.absolute()):
+        if e.filename and Path(os.path.abspath(e.filename)).is_relative_to(os.path.abspath(out_dir)):
             target = e.filename2 or e.filename
             raise UserError(f"--out {out_dir}: cannot write {target} ({e.strerror or e})") from None
         raise

@@ -415,14 +415,18 @@ def test_cache_key_and_atomic_cache(tmp_path, monkeypatch):
 def test_generated_specs_compile(d, M):
     """Any valid matmul spec the planner accepts compiles through NVRTC for
     sm_90, as opgen.load runs it: its execution spec (planner.execution_spec)."""
-    s = spec_from_dict(d)
-    assume(s.op == "matmul" and runnable_shape(s) is not None)
-    s = planner.execution_spec(s, "sm_90")
+    stored = spec_from_dict(d)
+    assume(stored.op == "matmul" and runnable_shape(stored) is not None)
+    s = planner.execution_spec(stored, "sm_90")
     N, K = runnable_shape(s)
     try:
         cfg = planner.heuristic(s, "sm_90", M, N, K)
     except planner.PlanError as e:
         assert "no kernel configuration fits" in str(e)   # refused with the reason
+        # ... and the stored form has no kernel either (else opgen.load's
+        # default layout would refuse what the stored one serves)
+        with pytest.raises(planner.PlanError):
+            planner.heuristic(stored, "sm_90", M, N, K)
         assume(False)
     for c in compiler.compile_config(s, cfg, "sm_90"):
         assert c.resources["spill_bytes"] == 0 or cfg.family == "gemm", c.resources

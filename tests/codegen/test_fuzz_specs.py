@@ -190,8 +190,8 @@ def mutated_data(draw, name=None):
 
 def _dump(draw, d) -> str:
     return dump_yaml(d, sort_keys=False, allow_unicode=draw(st.booleans()),
-                          default_flow_style=draw(st.sampled_from((False, None, True))),
-                          width=draw(st.sampled_from((80, 10 ** 6))))
+                     default_flow_style=draw(st.sampled_from((False, None, True))),
+                     width=draw(st.sampled_from((80, 10 ** 6))))
 
 
 @st.composite

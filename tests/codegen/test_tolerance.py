@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from opgen.codegen import numerics as nx, random_data as D, reference as R
 from opgen.codegen.resolve import load_spec
 from opgen.codegen.spec import Activation, Output, Scale, Spec, Weight
 from opgen.codegen.tolerance import BENCH_FACTOR, output_error, tolerance
@@ -54,7 +55,6 @@ def _emulated_kernel(spec, M, N, K, seed):
     """(reference, an output rounded as a kernel rounds: the dequantized
     weight to fp16, the sums exact, the result to the out dtype)."""
     import numpy as np
-    from opgen.codegen import numerics as nx, random_data as D, reference as R
     rng = np.random.default_rng(seed)
     t = D.random_weight_tensors(spec, N, K, rng)
     w = R.dequantize(spec, t, N, K)

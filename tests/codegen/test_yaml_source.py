@@ -13,6 +13,7 @@ from opgen.codegen.errors import SpecErrors
 from opgen.codegen.resolve import shipped_specs
 from opgen.codegen.yaml_source import (
     BAD, MAX_ALIAS_NODES, Ctx, MAX_DEPTH, MAX_SPEC_BYTES, Reader, decode_spec, parse_yaml,
+    plain_reads_as_string,
 )
 
 TEXT = """\
@@ -273,3 +274,12 @@ def test_a_key_that_is_not_printable_stays_on_one_line():
 def test_a_list_as_key_is_one_located_error():
     e = _one_error("opgen: 1\n? [a, b]\n: 1\n")
     assert (e.line, e.path) == (2, "spec") and "plain value" in e.message
+
+
+@pytest.mark.parametrize("text, plain", [
+    ("hello", True), ("0E0", False), ("0o17", False), ("1_000", True), ("0x1F", False),
+    (".nan", False), ("-.inf", False), ("true", False), ("yes", True), ("~", False), ("", False),
+])
+def test_plain_reads_as_string_in_yaml_1_2(text, plain):
+    """(yes: a boolean to YAML 1.1 only; PyYAML quotes those itself)"""
+    assert plain_reads_as_string(text) is plain

@@ -230,6 +230,8 @@ def test_check_writable_makes_nothing(tmp_path):
     deep.write_text("[1]")
     with pytest.raises(TuningDBError, match="refusing to write"):
         TuningDB(deep, shipped=False).check_writable()
+    with pytest.raises(TuningDBError, match="cannot write the tuning DB .*too long"):
+        TuningDB(tmp_path / ("x" * 300) / "tuning.json", shipped=False).check_writable()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")

@@ -299,3 +299,13 @@ def test_the_h200_db_ships_and_every_record_is_served(tmp_path):
     k = DBKey.parse(e.key)
     key = make_key(as_spec(k.spec), k.N, k.K, arch=k.arch, device=tdb.REFERENCE_DEVICE)
     assert TuningDB(tmp_path / "none.json").lookup(key, e.bucket) == e.record
+
+
+def test_put_refuses_a_key_no_lookup_could_name(path):
+    """(the reader drops such records as bad: writing one would lose it)"""
+    db = TuningDB(path, shipped=False)
+    with pytest.raises(ValueError, match="not a tuning DB key"):
+        db.put("my-key", "1", rec())
+    with pytest.raises(ValueError, match="'heuristic_us' is -1.0"):
+        db.put(key_for(), "1", dict(rec(), heuristic_us=-1.0))
+    assert not path.exists()

@@ -111,3 +111,19 @@ def test_user_specs_outside_the_shipped_ones_take_the_same_path(path):
     assert e is not s and e.b.pack == Pack("int32", "k", interleaved(8))
     for M in (32, 256):
         assert planner.family_of(planner.heuristic(e, "sm_90", M, 8192, 8192)).name == "rs"
+
+
+def test_a_group_smaller_than_a_vector_keeps_the_stored_form():
+    """44 2-bit codes per group: every 4+-byte vector along k would straddle
+    groups, so codes stored along n stay there, where a kernel reads them
+    (a review found opgen.load refusing this shape in the execution layout)."""
+    d = spec_to_yaml_dict(as_spec("w2a16_g128"))
+    d["b"].update(dtype="codebook", bits=2, codebook=[-1.0, -0.25, 0.25, 1.0], layout="nn",
+                  pack={"axis": "n", "container": "uint8", "order": [0, 1, 2, 3]},
+                  zero={"kind": "none"})
+    d["b"]["scale"]["group"] = 44
+    spec = spec_from_dict(d)
+    assert execution_spec(spec, "sm_90") is spec
+    assert planner.candidates(spec, "sm_90", 1, 256, 352)
+    d["b"]["scale"]["group"] = 48                      # three 4-byte vectors: moved to k
+    assert execution_spec(spec_from_dict(d), "sm_90").b.pack.axis == "k"
