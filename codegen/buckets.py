@@ -48,11 +48,16 @@ _TABLE: Tuple[Optional[str], ...] = (None,) + tuple(
 
 
 def bucket_of(M: int) -> str:
-    """The label of the bucket holding M (M >= 1)."""
+    """The label of the bucket holding M (M >= 1). On every call of an op:
+    the type is checked only off the table's path (a bool would index it)."""
+    if type(M) is not bool:
+        try:
+            if 0 < M <= _MAX_TABLE_M:
+                return _TABLE[M]            # (TypeError for a float: not an index)
+        except TypeError:                   # "8", None: not ordered with ints
+            pass
     if isinstance(M, bool) or not isinstance(M, numbers.Integral):
         raise TypeError(f"M must be a positive int, got {M!r}")
-    if 0 < M <= _MAX_TABLE_M:
-        return _TABLE[M]
     if M > _MAX_TABLE_M:
         return LARGE
     raise ValueError(f"M must be a positive int, got {M!r}")
