@@ -52,3 +52,8 @@ class SpecErrors(Exception):
 
 class UserError(ValueError):
     """Bad input that is not a problem inside a spec file (CLI values, sizes)."""
+
+
+def shorten(text: str, limit: int = 120) -> str:
+    """text for a one-line message: cut to `limit` characters, "..." last."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."

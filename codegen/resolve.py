@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Dict, Optional, Union
 
-from .errors import SpecError, SpecErrors
+from .errors import SpecError, SpecErrors, shorten
 from .spec import Spec
 from .validate import validate_data
 from .yaml_source import MAX_SPEC_BYTES, decode_spec, parse_yaml, too_large
@@ -109,8 +109,7 @@ def resolve_spec(arg: Union[str, os.PathLike]) -> Path:
     try:
         is_file, exists = p.is_file(), p.exists()
     except OSError as e:                 # e.g. a name longer than the filesystem allows
-        shown = s if len(s) <= 120 else s[:117] + "..."
-        raise SpecErrors([SpecError(shown, 0, "spec", f"cannot use this path: {e.strerror or e}")]) from None
+        raise SpecErrors([SpecError(shorten(s), 0, "spec", f"cannot use this path: {e.strerror or e}")]) from None
     if is_file:
         return p
     shipped = shipped_specs()

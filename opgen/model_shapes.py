@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Tuple, Union
 
-from .codegen.errors import UserError
+from .codegen.errors import UserError, shorten
 
 __all__ = ["LinearShape", "MODELS_DIR", "FUSE_GROUPS", "CROSS_ATTENTION", "shipped_models", "model_config",
            "read_config", "linear_layers", "linear_shapes"]
@@ -63,7 +63,7 @@ def model_config(name_or_path: Union[str, Path]) -> Tuple[dict, str]:
     try:
         is_shipped, exists = shipped.is_file(), Path(name_or_path).exists()
     except OSError as e:                 # e.g. a name longer than the filesystem allows
-        raise UserError(f"{str(name_or_path)[:120]}: cannot use this path ({e.strerror or e})") from None
+        raise UserError(f"{shorten(str(name_or_path))}: cannot use this path ({e.strerror or e})") from None
     if is_shipped:
         return read_config(shipped)
     if not exists:

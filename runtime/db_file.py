@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ..codegen.buckets import LABELS, bucket_order
+from ..codegen.errors import shorten
 from ..codegen.files import write_atomic
 
 FORMAT = "opgen-tuning-db"
@@ -100,16 +101,11 @@ def record_problem(bucket: str, rec) -> Optional[str]:
         return "no 'config' object"
     t = rec.get("median_us")
     if not positive_number(t):
-        return f"'median_us' is {_short(t)}, not a positive number"
+        return f"'median_us' is {shorten(repr(t), 40)}, not a positive number"
     h = rec.get("heuristic_us")
     if h is not None and not positive_number(h):
-        return f"'heuristic_us' is {_short(h)}, not a positive number"
+        return f"'heuristic_us' is {shorten(repr(h), 40)}, not a positive number"
     return None
-
-
-def _short(x) -> str:
-    r = repr(x)
-    return r if len(r) <= 40 else r[:37] + "..."
 
 
 # --- reading ------------------------------------------------------------------

@@ -11,7 +11,7 @@ import sys
 import warnings
 from typing import List
 
-from ..codegen.errors import UserError
+from ..codegen.errors import UserError, shorten
 from ..runtime.tuner import tuned_among_current
 from ..runtime.tuning_db import (CURRENT, ENV_VAR, DBKey, Record, TuningDB, TuningDBError,
                                  definition_of, record_status, speedup, stale)
@@ -100,7 +100,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     try:
         there = db.path.exists()
     except OSError as e:                 # e.g. a name longer than the filesystem allows
-        raise UserError(f"--path: cannot use {str(db.path)[:120]} ({e.strerror or e})") from None
+        raise UserError(f"--path: cannot use {shorten(str(db.path))} ({e.strerror or e})") from None
     print(f"tuning DB: {db.path}" + ("" if there else " (no file yet)"))
     if not rows:
         print("no records" + (f" for spec {args.spec}" if args.spec else ""))

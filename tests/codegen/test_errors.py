@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from opgen.codegen.errors import SpecError, SpecErrors, UserError
+from opgen.codegen.errors import SpecError, SpecErrors, UserError, shorten
 from opgen.codegen.resolve import load_spec
 
 ERR_LINE = re.compile(r"^.+:\d+: [a-z_.0-9]+: .+$")
@@ -46,3 +46,8 @@ def test_a_broken_file_reports_located_lines():
 def test_user_error_is_a_value_error():
     assert issubclass(UserError, ValueError)
     assert not issubclass(SpecErrors, ValueError)   # the CLI tells the two apart
+
+
+def test_shorten_keeps_short_text_and_cuts_long_text_to_the_limit():
+    assert shorten("abc", 5) == "abc"
+    assert shorten("a" * 300) == "a" * 117 + "..." and len(shorten("a" * 300)) == 120
