@@ -182,6 +182,9 @@ class Calibration:
     # What decoding one weight row costs an rs GEMM block, in rows of M it
     # multiplies that row by (planner.heuristic's rs tile score).
     rs_decode_rows: int = 64
+    # What staging one activation row costs such a block, in weight rows
+    # multiplied by it (the widest tile's fewer blocks stage fewer rows).
+    rs_staging_rows: int = 0
     # The rs GEMM kernels (planner.rs.kernel_class) the heuristic takes from
     # M = 9 instead of the tensor-core GEMV on layers wide enough to fill the
     # SMs with 64-row blocks.
@@ -236,10 +239,14 @@ H200 = Calibration(
     # the predecode TMA GEMM 141.7 / 433.7 us and 133.8 / 424.0 against the
     # widened GEMM's 148.2 / 577.9 and 133.5 / 495.3 at M = 1024 / 4096: a
     # tie at 1024, so from the bucket above it (the runtime asks a bucket's
-    # largest M: 1024 would take M = 513-1024 too).
-    # Source: docs/performance.md#predecode
+    # largest M: 1024 would take M = 513-1024 too). Their rs GEMM beat
+    # predecode at M = 4096 (the largest bucket's M) in 19 of 20 tuned
+    # records (five widened specs x four LLM shapes, H100: 1.00-1.16x;
+    # predecode won W4A8 at 28672 x 8192), so it keeps the rs GEMM through
+    # the buckets; 8192 (untimed) is where predecode's one widening pass has
+    # halved its share of the time. Source: docs/performance.md#predecode
     predecode_m={"no_fused_wgmma": 256, "zero_points": 256, "other": 512, "rs_gemm": 2048,
-                 "widened_a8": 2048},
+                 "widened_a8": 2048, "rs_widened_a8": 8192},
     # The most ptxas gave w4a16_sym over blocks, ring depths and k-groups
     # (tests/codegen/test_compiler.py keeps these upper bounds true).
     # Source: docs/performance.md#rs-gemm
@@ -306,6 +313,13 @@ H200 = Calibration(
     # in 132 of the shipped DB's 143 rs records; 32-256 do nearly as well, 0
     # (waves x tile area alone) much worse. Source: docs/performance.md#heuristic
     rs_decode_rows=64,
+    # At M = 4096 on 28672 x 8192 (H100) 128-row tiles beat 64-row ones by
+    # 1.14-1.15x (BitNet A8, int8 x int4, 256-row m-tiles) and 1.14x (W4A8
+    # fp8, 128), where waves x BN x (64 + BM) alone took the 64-row ones
+    # (55 waves against 28); any of 4-16 picks those and keeps every other
+    # rs record's tile the winner's but one (w4a8_int8_g128 at M = 4096 there,
+    # whose 128 x 64 won); 0 and 32 lose records. Source: docs/performance.md#heuristic
+    rs_staging_rows=8,
     # The 4-bit interleaved decodings: at M = 9-16 their rs GEMM won 13 of
     # 15 records where N / 64 >= 0.85 x the SMs (1.22-2.17x over the
     # heuristic's tensor-core GEMV). The other decodings won 1 of 40 there.

@@ -45,13 +45,14 @@ def predecode_from(spec: Spec, cands: List[Config], arch: str) -> int:
     """The M from which the heuristic picks a predecode config, by what the
     fused GEMM among cands pays per decoded tile (hw.Calibration.predecode_m);
     for 8-bit activations (sub-byte codes widened to 8-bit ones: the W8A8
-    GEMMs after) their own threshold."""
+    GEMMs after) their own thresholds, with and without their rs GEMM."""
     at = hw.calibration(arch).predecode_m
+    rs = any(c.rs for c in cands) and rs_pickable(spec, arch)
     if spec.a.dtype in A8_DTYPES:
-        return at["widened_a8"]
+        return at["rs_widened_a8" if rs else "widened_a8"]
     if not any(c.wgmma and not c.predecode and (not c.rs or rs_pickable(spec, arch)) for c in cands):
         return at["no_fused_wgmma"]
-    if rs_pickable(spec, arch) and any(c.rs for c in cands):
+    if rs:
         return at["rs_gemm"]
     if numerics(spec).zero_kind in ("int", "float"):
         return at["zero_points"]
@@ -85,16 +86,19 @@ def _tma_score(c: Config, M: int, N: int, sms: int, speed) -> tuple:
             c.raster != (8 if M > c.BM else 0), -c.stages, not c.inflight_sums)
 
 
-def _decoded_work(c: Config, M: int, N: int, sms: int, decode_rows: int) -> Tuple[int, int]:
+def _decoded_work(c: Config, M: int, N: int, sms: int, decode_rows: int,
+                  staging_rows: int = 0) -> Tuple[int, int]:
     """(blocks of c's grid, waves of them times one block's work): BN weight
     rows, each decoded once (decode_rows: that cost in rows of M) and
-    multiplied by BM activation rows. The rs GEMM's and the widened codes'
-    tile scores start from it."""
+    multiplied by BM activation rows, each staged once (staging_rows: that
+    cost in weight rows). The rs GEMM's and the widened codes' tile scores
+    start from it."""
     blocks = -(-N // c.BN) * -(-M // c.BM)
-    return blocks, -(-blocks // sms) * c.BN * (decode_rows + c.BM)
+    return blocks, -(-blocks // sms) * (c.BN * (decode_rows + c.BM) + staging_rows * c.BM)
 
 
-def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, deep: bool) -> tuple:
+def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, staging_rows: int,
+              deep: bool) -> tuple:
     """`_decoded_work` (decode_rows by decoding: `_rs_pick`); then the tallest,
     widest tile, the pair table (a candidate only where
     hw.Calibration.rs_pair_tables has it, up to its M: its 32 KiB may
@@ -106,7 +110,7 @@ def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, deep: bool)
     (6 from 128 rows, 12 at 16); with `deep` (the decodings of
     hw.Calibration.rs_deep_kgroups on a grid under one wave) four k-groups
     of 12 stages up to 64 rows: docs/performance.md#heuristic."""
-    blocks, work = _decoded_work(c, M, N, sms, decode_rows)
+    blocks, work = _decoded_work(c, M, N, sms, decode_rows, staging_rows)
     bk = 64 if c.BM == 256 or c.pair_table else 128
     if c.BN == 128:
         kgroups, stages = (1, 4) if c.BM >= 128 else (2, 12 if c.BM == 16 else 8)
@@ -148,7 +152,7 @@ def _rs_pick(rs: List[Config], kind: str, M: int, N: int, sms: int, cal: hw.Cali
     (kind: planner.rs.kernel_class)."""
     rows = cal.rs_decode_rows_of.get(kind, cal.rs_decode_rows)
     deep = kind in cal.rs_deep_kgroups
-    return min(rs, key=lambda c: _rs_score(c, M, N, sms, rows, deep))
+    return min(rs, key=lambda c: _rs_score(c, M, N, sms, rows, cal.rs_staging_rows, deep))
 
 
 def _rs_from_m9(kind: str, N: int, sms: int, cal: hw.Calibration) -> bool:

@@ -28,7 +28,7 @@ def test_predecode_stages(name):
     # (test_8_bit_codes below; an int32 output is the cp.async GEMM's alone)
     widened = numerics(s).widen and numerics(s).scale_gran != "group" and s.out.dtype != "int32"
     assert bool(pd) == (decoded or widened)
-    pick = planner.heuristic(s, "sm_90", 4096, 4096, 4096)
+    pick = planner.heuristic(s, "sm_90", 8192, 4096, 4096)
     assert pick.predecode == (decoded or widened)
     if not decoded:
         return
@@ -50,7 +50,7 @@ def test_8_bit_codes_predecoded_for_8_bit_activations(monkeypatch):
     q - z as 8-bit codes, and the dense twin (8-bit weights keeping the scale)
     runs on the 8-bit GEMMs (TMA too); group scales are refused (they apply
     to partial sums). The heuristic picks them from
-    hw.Calibration.predecode_m["widened_a8"], and only for the activation
+    planner.predecode_from (past their rs GEMM's measured M), and only for the activation
     dtypes checked on the device ("predecode/int8" in
     hw.Calibration.a8_verified: e4m3 activations widened alike are not)."""
     for name, gran in (("w4a8_int8", "channel"), ("bitnet_b158_a8", "tensor")):
@@ -62,7 +62,7 @@ def test_8_bit_codes_predecoded_for_8_bit_activations(monkeypatch):
         assert planner.geometry(s, dq, "sm_90")["ce"] == 1
         assert twin.b.dtype == "int8" and twin.b.scale == s.b.scale and twin.b.scale.granularity == gran
         assert twin.b.zero.kind == "none" and numerics(twin).dense and twin.name.endswith(gran)
-        start = hw.H200.predecode_m["widened_a8"]
+        start = planner.predecode_from(s, planner.candidates(s, "sm_90", 4096, 8192, 8192), "sm_90")
         assert planner.heuristic(s, "sm_90", start, 8192, 8192).predecode
         assert not planner.heuristic(s, "sm_90", start - 1, 8192, 8192).predecode
         unverified = dataclasses.replace(hw.H200, a8_verified=frozenset())

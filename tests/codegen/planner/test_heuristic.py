@@ -189,15 +189,29 @@ def test_rs_tiles_fill_a_wave_on_narrow_layers():
 @pytest.mark.parametrize("name,start", [("awq_w4a16_g128", 256), ("gptq_v2_w4a16_g128", 256),
                                         ("w1a16_g128", 2048), ("bnb_nf4", 2048), ("mxfp4", 2048),
                                         ("w4a16_sym_g128", 2048), ("gptq_v2_w4a16_g128_repacked", 2048),
-                                        ("w4a8_int8", 2048), ("bitnet_b158_a8", 2048)])
+                                        ("w4a8_int8", 8192), ("bitnet_b158_a8", 8192)])
 def test_predecode_from(name, start):
     """The measured thresholds (docs/performance.md#predecode): no fused wgmma
     (AWQ, GPTQ as stored) or per-group zero points from 256, the rs GEMM's
     specs from 2048 (every float16 decoding since they all ran on the
-    device), sub-byte codes widened for 8-bit activations from 2048 too (a
-    tie at 1024), the rest from 512."""
+    device), sub-byte codes widened for 8-bit activations past the largest
+    bucket's M where their rs GEMM is a pick, the rest from 512."""
     s = spec(name)
     assert planner.predecode_from(s, planner.candidates(s, "sm_90", 1024, 8192, 8192), "sm_90") == start
+
+
+def test_widened_codes_predecoded_from_2048_without_their_rs_gemm(monkeypatch):
+    """Where the widened codes' rs GEMM is not a pick (its kernel not checked
+    on the device) predecode takes over from 2048: it beat the cp.async
+    widened GEMM at M = 4096 and tied it at 1024 (docs/performance.md#predecode)."""
+    s = spec("w4a8_int8")
+    cands = planner.candidates(s, "sm_90", 4096, 8192, 8192)
+    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, rs_verified=frozenset()))
+    assert planner.predecode_from(s, cands, "sm_90") == 2048
+    assert planner.heuristic(s, "sm_90", 4096, 8192, 8192).predecode
+    assert not planner.heuristic(s, "sm_90", 1024, 8192, 8192).predecode
+    monkeypatch.undo()
+    assert planner.heuristic(s, "sm_90", 4096, 8192, 8192).rs
 
 
 def test_sm_count_is_the_callers():
@@ -329,8 +343,10 @@ def test_widened_codes_take_their_rs_gemm(name):
     predecode threshold: the rs GEMM (codes widened into the int8 wgmma's
     registers), on every layer, its tile by the rs rules, four k-groups of
     12 stages on grids under a wave as the H100 winners (empty DB, five
-    shapes, M = 16-1024: docs/performance.md#heuristic); predecode from
-    M = 2048 where there is one; M = 1 and 2-8 as before."""
+    shapes, M = 16-1024: docs/performance.md#heuristic) and at the largest
+    bucket's M = 4096, where it beat predecode (H100 tuned records:
+    docs/performance.md#predecode); predecode from M = 8192 where there is
+    one; M = 1 and 2-8 as before."""
     s = planner.execution_spec(load_spec(shipped_specs()[name]), "sm_90")
     for N, K in ((1024, 4096), (4096, 4096), (4096, 14336), (8192, 8192), (28672, 8192)):
         for M in (16, 32, 128, 512, 1024):
@@ -339,7 +355,12 @@ def test_widened_codes_take_their_rs_gemm(name):
     assert planner.heuristic(s, "sm_90", 32, 4096, 14336).name == "gemm_16x64x128_w64x16_p12_s1_wg_tma_rs4"
     if name != "w4a8_int8_g128":
         assert planner.heuristic(s, "sm_90", 1024, 4096, 4096).name == "gemm_256x128x128_w64x256_p4_s1_wg_tma_rs"
-    big = planner.heuristic(s, "sm_90", 4096, 8192, 8192)      # (group scales, int32 out: no predecode)
+    for N, K in ((4096, 4096), (4096, 14336), (6144, 4096), (8192, 8192), (28672, 8192)):
+        assert planner.heuristic(s, "sm_90", 4096, N, K).rs, (N, K)
+    if name != "w4a8_int8_g128":     # 128 weight rows, as the winners (hw.H200.rs_staging_rows)
+        assert planner.heuristic(s, "sm_90", 4096, 28672, 8192).name == \
+            "gemm_256x128x128_w64x256_p4_s1_wg_tma_rs"
+    big = planner.heuristic(s, "sm_90", 8192, 8192, 8192)      # (group scales, int32 out: no predecode)
     assert big.predecode == (name in ("w4a8_int8", "bitnet_b158_a8")) and (big.predecode or big.rs)
     assert not planner.heuristic(s, "sm_90", 8, 8192, 8192).rs
     assert not planner.heuristic(s, "sm_90", 16, 8192, 8192, sms=132).tc
