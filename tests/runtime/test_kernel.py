@@ -269,9 +269,11 @@ def test_odd_shapes(name, data, record):
 @pytest.mark.parametrize("M", [1, 16, 200])
 def test_fp8_activation_fallback(M, monkeypatch, record):
     """The path sm_80/86 take for fp8 activations (widened to fp16 in shared
-    memory, f16 mma), forced on this GPU by hiding its e4m3 mma."""
+    memory, f16 mma), forced on this GPU by hiding its e4m3 mma, and its
+    wgmma and TMA as sm_80/86 have neither (with them the planner would take
+    a wgmma kernel at M = 200, which is not that path)."""
     arch = current_arch()
-    monkeypatch.setitem(hw.ARCHS, arch, replace(hw.ARCHS[arch], fp8_mma=False))
+    monkeypatch.setitem(hw.ARCHS, arch, replace(hw.ARCHS[arch], fp8_mma=False, wgmma=False, tma=False))
     spec = load_spec(shipped_specs()["fp8_e4m3_w8a8"])
     cfg = planner.heuristic(spec, arch, M, 4096, 4096)
     assert planner.geometry(spec, cfg, arch)["a_decode"]
