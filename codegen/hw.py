@@ -242,11 +242,12 @@ H200 = Calibration(
     # largest M: 1024 would take M = 513-1024 too). Their rs GEMM beat
     # predecode at M = 4096 (the largest bucket's M) in 19 of 20 tuned
     # records (five widened specs x four LLM shapes, H100: 1.00-1.16x;
-    # predecode won W4A8 at 28672 x 8192), so it keeps the rs GEMM through
-    # the buckets; 8192 (untimed) is where predecode's one widening pass has
-    # halved its share of the time. Source: docs/performance.md#predecode
+    # predecode won W4A8 at 28672 x 8192), and at M = 8192 on 8192^2 (the
+    # best of each, swept: 832.5 / 839.9 us W4A8, 759.1 / 796.5 BitNet A8),
+    # so the heuristic keeps it through the buckets and up to 16384 (untimed:
+    # W4A8's margin shrank from 1.02x to 1.01x). Source: docs/performance.md#predecode
     predecode_m={"no_fused_wgmma": 256, "zero_points": 256, "other": 512, "rs_gemm": 2048,
-                 "widened_a8": 2048, "rs_widened_a8": 8192},
+                 "widened_a8": 2048, "rs_widened_a8": 16384},
     # The most ptxas gave w4a16_sym over blocks, ring depths and k-groups
     # (tests/codegen/test_compiler.py keeps these upper bounds true).
     # Source: docs/performance.md#rs-gemm

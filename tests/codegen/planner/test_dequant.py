@@ -28,7 +28,7 @@ def test_predecode_stages(name):
     # (test_8_bit_codes below; an int32 output is the cp.async GEMM's alone)
     widened = numerics(s).widen and numerics(s).scale_gran != "group" and s.out.dtype != "int32"
     assert bool(pd) == (decoded or widened)
-    pick = planner.heuristic(s, "sm_90", 8192, 4096, 4096)
+    pick = planner.heuristic(s, "sm_90", 16384, 4096, 4096)
     assert pick.predecode == (decoded or widened)
     if not decoded:
         return

@@ -189,7 +189,7 @@ def test_rs_tiles_fill_a_wave_on_narrow_layers():
 @pytest.mark.parametrize("name,start", [("awq_w4a16_g128", 256), ("gptq_v2_w4a16_g128", 256),
                                         ("w1a16_g128", 2048), ("bnb_nf4", 2048), ("mxfp4", 2048),
                                         ("w4a16_sym_g128", 2048), ("gptq_v2_w4a16_g128_repacked", 2048),
-                                        ("w4a8_int8", 8192), ("bitnet_b158_a8", 8192)])
+                                        ("w4a8_int8", 16384), ("bitnet_b158_a8", 16384)])
 def test_predecode_from(name, start):
     """The measured thresholds (docs/performance.md#predecode): no fused wgmma
     (AWQ, GPTQ as stored) or per-group zero points from 256, the rs GEMM's
@@ -345,8 +345,8 @@ def test_widened_codes_take_their_rs_gemm(name):
     12 stages on grids under a wave as the H100 winners (empty DB, five
     shapes, M = 16-1024: docs/performance.md#heuristic) and at the largest
     bucket's M = 4096, where it beat predecode (H100 tuned records:
-    docs/performance.md#predecode); predecode from M = 8192 where there is
-    one; M = 1 and 2-8 as before."""
+    docs/performance.md#predecode); predecode from M = 16384 where there
+    is one; M = 1 and 2-8 as before."""
     s = planner.execution_spec(load_spec(shipped_specs()[name]), "sm_90")
     for N, K in ((1024, 4096), (4096, 4096), (4096, 14336), (8192, 8192), (28672, 8192)):
         for M in (16, 32, 128, 512, 1024):
@@ -360,7 +360,7 @@ def test_widened_codes_take_their_rs_gemm(name):
     if name != "w4a8_int8_g128":     # 128 weight rows, as the winners (hw.H200.rs_staging_rows)
         assert planner.heuristic(s, "sm_90", 4096, 28672, 8192).name == \
             "gemm_256x128x128_w64x256_p4_s1_wg_tma_rs"
-    big = planner.heuristic(s, "sm_90", 8192, 8192, 8192)      # (group scales, int32 out: no predecode)
+    big = planner.heuristic(s, "sm_90", 16384, 8192, 8192)      # (group scales, int32 out: no predecode)
     assert big.predecode == (name in ("w4a8_int8", "bitnet_b158_a8")) and (big.predecode or big.rs)
     assert not planner.heuristic(s, "sm_90", 8, 8192, 8192).rs
     assert not planner.heuristic(s, "sm_90", 16, 8192, 8192, sms=132).tc
