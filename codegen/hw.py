@@ -240,12 +240,14 @@ H200 = Calibration(
     # widened GEMM's 148.2 / 577.9 and 133.5 / 495.3 at M = 1024 / 4096: a
     # tie at 1024, so from the bucket above it (the runtime asks a bucket's
     # largest M: 1024 would take M = 513-1024 too). Their rs GEMM beat
-    # predecode at M = 4096 (the largest bucket's M) in 19 of 20 tuned
-    # records (five widened specs x four LLM shapes, H100: 1.00-1.16x;
-    # predecode won W4A8 at 28672 x 8192), and at M = 8192 on 8192^2 (the
-    # best of each, swept: 832.5 / 839.9 us W4A8, 759.1 / 796.5 BitNet A8),
-    # so the heuristic keeps it through the buckets and up to 16384 (untimed:
-    # W4A8's margin shrank from 1.02x to 1.01x). Source: docs/performance.md#predecode
+    # predecode at M = 4096 (the largest bucket's M) in 7 of 8 tuned records
+    # (W4A8, BitNet A8 x four LLM shapes, H100: 1.01-1.18x over the old
+    # heuristic's predecode pick; predecode won W4A8 at 28672 x 8192), and at
+    # M = 8192 on 8192^2 (the best of each, swept: 832.5 / 839.9 us W4A8,
+    # 759.1 / 796.5 BitNet A8; W4A8's margin 1.03x at 4096, 1.01x there):
+    # with it predecode starts at 16384 (untimed). The runtime asks the
+    # largest bucket at 4096, so without a tuned record it never predecodes.
+    # Source: docs/performance.md#predecode
     predecode_m={"no_fused_wgmma": 256, "zero_points": 256, "other": 512, "rs_gemm": 2048,
                  "widened_a8": 2048, "rs_widened_a8": 16384},
     # The most ptxas gave w4a16_sym over blocks, ring depths and k-groups
@@ -317,9 +319,10 @@ H200 = Calibration(
     # At M = 4096 on 28672 x 8192 (H100) 128-row tiles beat 64-row ones by
     # 1.14-1.15x (BitNet A8, int8 x int4, 256-row m-tiles) and 1.14x (W4A8
     # fp8, 128), where waves x BN x (64 + BM) alone took the 64-row ones
-    # (55 waves against 28); any of 4-16 picks those and keeps every other
-    # rs record's tile the winner's but one (w4a8_int8_g128 at M = 4096 there,
-    # whose 128 x 64 won); 0 and 32 lose records. Source: docs/performance.md#heuristic
+    # (55 waves against 28 at 256-row m-tiles, 109 against 55 at 128); any
+    # of 4-16 picks those, and of the rs records it changes no other tile
+    # pick but one (w4a8_int8_g128 there, whose 128 x 64 won); 0 and 32 lose
+    # records. Source: docs/performance.md#heuristic
     rs_staging_rows=8,
     # The 4-bit interleaved decodings: at M = 9-16 their rs GEMM won 13 of
     # 15 records where N / 64 >= 0.85 x the SMs (1.22-2.17x over the

@@ -67,14 +67,15 @@ def test_8_bit_codes_predecoded_for_8_bit_activations(monkeypatch):
         assert not planner.heuristic(s, "sm_90", start - 1, 8192, 8192).predecode
         unverified = dataclasses.replace(hw.H200, a8_verified=frozenset())
         monkeypatch.setitem(hw.CALIBRATION, "H200", unverified)
-        assert not planner.heuristic(s, "sm_90", 4096, 8192, 8192).predecode
+        assert not planner.heuristic(s, "sm_90", start, 8192, 8192).predecode
         monkeypatch.undo()
     # e4m3 activations with a channel scale: predecode candidates, never picked
     fp8 = spec("w4a8_fp8")
     fp8 = dataclasses.replace(fp8, b=dataclasses.replace(fp8.b, scale=spec("w4a8_int8").b.scale))
     fp8 = planner.execution_spec(fp8, "sm_90")
     assert any(c.predecode for c in planner.candidates(fp8, "sm_90", 4096, 8192, 8192))
-    assert not planner.heuristic(fp8, "sm_90", 4096, 8192, 8192).predecode
+    start = planner.predecode_from(fp8, planner.candidates(fp8, "sm_90", 4096, 8192, 8192), "sm_90")
+    assert not planner.heuristic(fp8, "sm_90", start, 8192, 8192).predecode
     g128 = planner.execution_spec(spec("w4a8_int8_g128"), "sm_90")
     with pytest.raises(planner.PlanError, match="channel or tensor scales"):
         planner.geometry(g128, planner.DEQUANT_8BIT, "sm_90")
