@@ -317,8 +317,8 @@ H200 = Calibration(
     # (waves x tile area alone) much worse. Source: docs/performance.md#heuristic
     rs_decode_rows=64,
     # At M = 4096 on 28672 x 8192 (H100) 128-row tiles beat 64-row ones by
-    # 1.14-1.15x (BitNet A8, int8 x int4, 256-row m-tiles) and 1.14x (W4A8
-    # fp8, 128), where waves x BN x (64 + BM) alone took the 64-row ones
+    # 1.15x (int8 x int4, 256-row m-tiles) and 1.14x (W4A8 fp8, 128; the
+    # records' heuristic_us), where waves x BN x (64 + BM) alone took the 64-row ones
     # (55 waves against 28 at 256-row m-tiles, 109 against 55 at 128); any
     # of 4-16 picks those, and of the rs records it changes no other tile
     # pick but one (w4a8_int8_g128 there, whose 128 x 64 won); 0 and 32 lose
