@@ -47,10 +47,11 @@ def predecode_from(spec: Spec, cands: List[Config], arch: str) -> int:
     for 8-bit activations (sub-byte codes widened to 8-bit ones: the W8A8
     GEMMs after) their own thresholds, with and without their rs GEMM."""
     at = hw.calibration(arch).predecode_m
-    rs = any(c.rs for c in cands) and rs_pickable(spec, arch)
+    pick_rs = rs_pickable(spec, arch)
+    rs = pick_rs and any(c.rs for c in cands)
     if spec.a.dtype in A8_DTYPES:
         return at["rs_widened_a8" if rs else "widened_a8"]
-    if not any(c.wgmma and not c.predecode and (not c.rs or rs_pickable(spec, arch)) for c in cands):
+    if not any(c.wgmma and not c.predecode and (not c.rs or pick_rs) for c in cands):
         return at["no_fused_wgmma"]
     if rs:
         return at["rs_gemm"]
