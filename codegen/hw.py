@@ -203,6 +203,9 @@ class Calibration:
     # blocks must fill at M = 17-64, below which it gives way to a split-K
     # GEMM (narrow layers).
     rs_min_fill: Mapping[str, float] = field(default_factory=dict)
+    # By rs GEMM kernel (planner.rs.kernel_class): up to which M the
+    # heuristic takes its 64-row weight tiles only.
+    rs_rows64_max_m: Mapping[str, int] = field(default_factory=dict)
     # Warps per SM up to which a split-K GEMV's grid counts as filling the
     # device: splitting pays a reduction, so it only wins where the whole-K
     # grid leaves the SMs with fewer warps than this.
@@ -363,6 +366,13 @@ H200 = Calibration(
     # interleaved decodings' rs GEMM held there. The others: not measured.
     # Source: docs/performance.md#heuristic
     rs_min_fill={"table_cvt_scale/pairs/float16": 0.5},
+    # The widened codes' group kernel (its second set of sums, flushed per
+    # scale group): 64-row weight tiles won all 25 of its records at M =
+    # 16-256 (H100, five shapes), 1.07-1.53x over the 128-row tiles the
+    # score took at 28672 x 8192 (M = 16-128), 8192^2 and 6144 x 4096 (M =
+    # 256); from M = 1024 128-row tiles won 7 of 10.
+    # Source: docs/performance.md#heuristic
+    rs_rows64_max_m={"widen_int_zero_group/bytes/int8": 256},
     # NF4's table decode costs about twice the 4-bit magic one per weight
     # row: at M = 257-512 on 5120-row layers its winners were 256 x 128
     # tiles (one wave), 1.22x and 1.34x over the 128 x 64 ones (three

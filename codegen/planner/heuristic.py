@@ -150,7 +150,10 @@ def _widened_split(pick: Config, wg: List[Config], M: int, N: int, K: int, sms: 
 
 def _rs_pick(rs: List[Config], kind: str, M: int, N: int, sms: int, cal: hw.Calibration) -> Config:
     """The rs tile by `_rs_score`, with the calibration of its decoding
-    (kind: planner.rs.kernel_class)."""
+    (kind: planner.rs.kernel_class); only 64 weight rows up to the M of
+    hw.Calibration.rs_rows64_max_m."""
+    if M <= cal.rs_rows64_max_m.get(kind, 0):
+        rs = [c for c in rs if c.BN == 64] or rs
     rows = cal.rs_decode_rows_of.get(kind, cal.rs_decode_rows)
     deep = kind in cal.rs_deep_kgroups
     return min(rs, key=lambda c: _rs_score(c, M, N, sms, rows, cal.rs_staging_rows, deep))

@@ -337,6 +337,29 @@ def test_widened_codes_take_the_tuned_winners_tiles(name, monkeypatch):
     assert planner.heuristic(s, "sm_90", 16, 28672, 8192).split_k > 1
 
 
+def test_widened_group_kernel_takes_64_row_tiles_up_to_256(monkeypatch):
+    """The widened codes' group kernel (w4a8_int8_g128): 64 weight rows up
+    to M = 256 (hw.H200.rs_rows64_max_m), the picks of its H100 winners at
+    28672 x 8192 and 8192^2, where the score alone took 128-row tiles
+    (docs/performance.md#heuristic); from M = 1024 the score's tiles; the
+    channel-scaled kernel keeps the score's 128-row tiles."""
+    s = planner.execution_spec(load_spec(shipped_specs()["w4a8_int8_g128"]), "sm_90")
+    want = {(28672, 8192, 32): "gemm_32x64x128_w64x32_p8_s1_wg_tma_rs2",
+            (28672, 8192, 128): "gemm_128x64x128_w64x128_p6_s1_wg_tma_rs2",
+            (8192, 8192, 256): "gemm_128x64x128_w64x128_p6_s1_wg_tma_rs2"}
+    for (N, K, M), config in want.items():
+        assert planner.heuristic(s, "sm_90", M, N, K).name == config, (N, K, M)
+    for N, K in ((4096, 4096), (6144, 4096), (4096, 14336), (8192, 8192), (28672, 8192)):
+        for M in (16, 64, 256):
+            assert planner.heuristic(s, "sm_90", M, N, K).BN == 64, (N, K, M)
+    assert planner.heuristic(s, "sm_90", 1024, 8192, 8192).BN == 128
+    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, rs_rows64_max_m={}))
+    assert planner.heuristic(s, "sm_90", 128, 28672, 8192).BN == 128
+    monkeypatch.undo()
+    w4a8 = planner.execution_spec(load_spec(shipped_specs()["w4a8_int8"]), "sm_90")
+    assert planner.heuristic(w4a8, "sm_90", 128, 28672, 8192).BN == 128
+
+
 @pytest.mark.parametrize("name", ["w4a8_int8", "bitnet_b158_a8", "w4a8_int8_g128", "int8_int4_int32"])
 def test_widened_codes_take_their_rs_gemm(name):
     """Sub-byte codes with int8 activations on sm_90 from M = 9 to the
