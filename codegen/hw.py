@@ -250,9 +250,14 @@ H200 = Calibration(
     # 759.1 / 796.5 BitNet A8; W4A8's margin 1.03x at 4096, 1.01x there):
     # with it predecode starts at 16384 (untimed). The runtime asks the
     # largest bucket at 4096, so without a tuned record it never predecodes.
+    # w4a16_sym's rs GEMM (magic/halves) won 7 of its 8 H200 records at M =
+    # 4096, 1.01-1.21x over the heuristic's predecode pick (median 1.09x;
+    # predecode won 14336 x 57344); GPTQ's (magic_int_zero/halves) 6 of 10,
+    # the other decodings none: from 8192 for it (the runtime's bucket M
+    # never reaches it), 2048 for them.
     # Source: docs/performance.md#predecode
     predecode_m={"no_fused_wgmma": 256, "zero_points": 256, "other": 512, "rs_gemm": 2048,
-                 "widened_a8": 2048, "rs_widened_a8": 16384},
+                 "rs_gemm/magic/halves/float16": 8192, "widened_a8": 2048, "rs_widened_a8": 16384},
     # The most ptxas gave w4a16_sym over blocks, ring depths and k-groups
     # (tests/codegen/test_compiler.py keeps these upper bounds true).
     # Source: docs/performance.md#rs-gemm

@@ -45,7 +45,8 @@ def predecode_from(spec: Spec, cands: List[Config], arch: str) -> int:
     """The M from which the heuristic picks a predecode config, by what the
     fused GEMM among cands pays per decoded tile (hw.Calibration.predecode_m);
     for 8-bit activations (sub-byte codes widened to 8-bit ones: the W8A8
-    GEMMs after) their own thresholds, with and without their rs GEMM."""
+    GEMMs after) their own thresholds, with and without their rs GEMM; an
+    rs GEMM kernel class with its own ("rs_gemm/" + its kernel_class) takes it."""
     at = hw.calibration(arch).predecode_m
     pick_rs = rs_pickable(spec, arch)
     rs = pick_rs and any(c.rs for c in cands)
@@ -54,7 +55,7 @@ def predecode_from(spec: Spec, cands: List[Config], arch: str) -> int:
     if not any(c.wgmma and not c.predecode and (not c.rs or pick_rs) for c in cands):
         return at["no_fused_wgmma"]
     if rs:
-        return at["rs_gemm"]
+        return at.get("rs_gemm/" + kernel_class(spec, arch), at["rs_gemm"])
     if numerics(spec).zero_kind in ("int", "float"):
         return at["zero_points"]
     return at["other"]

@@ -96,7 +96,11 @@ def test_heuristic_takes_the_rs_gemm_above_16_rows():
     # past 256 rows: 128 weight rows, one k-group, until predecode
     c = planner.heuristic(s, "sm_90", 1024, 8192, 8192)
     assert c.rs and (c.BM, c.BN, c.BK, c.kgroups, c.stages) == (256, 128, 64, 1, 4), c.name
-    assert planner.heuristic(s, "sm_90", 2048, 8192, 8192).predecode
+    # through the largest bucket's M (its rs GEMM won 7 of 8 H200 records at
+    # 4096), predecode from 8192; GPTQ's rs GEMM gives way from 2048
+    assert planner.heuristic(s, "sm_90", 4096, 8192, 8192).rs
+    assert planner.heuristic(s, "sm_90", 8192, 8192, 8192).predecode
+    assert planner.heuristic(spec("gptq_v2_w4a16_g128_repacked"), "sm_90", 2048, 8192, 8192).predecode
 
 
 def test_tensor_core_gemv_on_narrow_layers():
@@ -188,13 +192,14 @@ def test_rs_tiles_fill_a_wave_on_narrow_layers():
 
 @pytest.mark.parametrize("name,start", [("awq_w4a16_g128", 256), ("gptq_v2_w4a16_g128", 256),
                                         ("w1a16_g128", 2048), ("bnb_nf4", 2048), ("mxfp4", 2048),
-                                        ("w4a16_sym_g128", 2048), ("gptq_v2_w4a16_g128_repacked", 2048),
+                                        ("w4a16_sym_g128", 8192), ("gptq_v2_w4a16_g128_repacked", 2048),
                                         ("w4a8_int8", 16384), ("bitnet_b158_a8", 16384)])
 def test_predecode_from(name, start):
     """The measured thresholds (docs/performance.md#predecode): no fused wgmma
     (AWQ, GPTQ as stored) or per-group zero points from 256, the rs GEMM's
     specs from 2048 (every float16 decoding since they all ran on the
-    device), sub-byte codes widened for 8-bit activations past the largest
+    device; w4a16_sym's from 8192: its rs GEMM won 7 of 8 H200 records at
+    4096), sub-byte codes widened for 8-bit activations past the largest
     bucket's M where their rs GEMM is a pick, the rest from 512."""
     s = spec(name)
     assert planner.predecode_from(s, planner.candidates(s, "sm_90", 1024, 8192, 8192), "sm_90") == start
