@@ -214,6 +214,19 @@ def tuned_among_current(spec, arch: str, N: int, K: int, record) -> bool:
         return False
 
 
+def heuristic_unchanged(spec, arch: str, N: int, K: int, record) -> Optional[bool]:
+    """Whether record's heuristic_us timed the pick the heuristic makes today
+    (its "heuristic_config"); None where the record does not say (tuned
+    before records kept it)."""
+    name = record.get("heuristic_config")
+    if name is None:
+        return None
+    try:
+        return _name(_heuristic(spec, arch, record["M"], N, K)) == name
+    except Exception:                # a spec or M the planner refuses now
+        return False
+
+
 # --- tuning ----------------------------------------------------------------------------
 
 def tune(spec, N: int, K: int, Ms: Optional[Sequence[int]] = None, arch: Optional[str] = None,
@@ -436,8 +449,10 @@ def _tune_bucket(trials: _Trials, pair: _Pair, plan: _BucketPlan, compiled, prog
     prog.end()
     runner_up = sorted(t.median_us for c, t in final.items()
                        if c != best and not verdicts.failed(c))[:N_RUNNER_UP]
+    # heuristic_config: the pick heuristic_us timed (the heuristic changes;
+    # a record then says whether its figure is still the pick's).
     extra = {"rel_err": float(f"{verdicts.seen[best][1]:.3g}"), "ranked": len(quick),
-             "candidates": candidates_digest(plan.candidates)}
+             "candidates": candidates_digest(plan.candidates), "heuristic_config": _name(heur)}
     if verdicts.rejected:
         extra["rejected"] = [n for n, _ in verdicts.rejected]
     return make_record(best.to_dict(), final[best].median_us, M=plan.M, runner_up_us=runner_up,

@@ -10,7 +10,8 @@ the spec (name and content hash), the target, the GPU and the problem size.
 RECORD = {"config": dict, "config_name": str, "M": int, "median_us": float,
           "runner_up_us": [float], "heuristic_us": float | None,
           "measured_at": ISO-8601 str, "source_hash": str, "nvrtc": str,
-          "opgen": str, ...}  (extra fields are kept as is).
+          "opgen": str, ...}  (extra fields are kept as is; the tuner adds
+          "heuristic_config": the name of the pick heuristic_us timed).
 
 A record is served only while its config renders to the code it was
 measured on: the config's source hash today (codegen/source_hash.py: its

@@ -12,7 +12,7 @@ import warnings
 from typing import List
 
 from ..codegen.errors import UserError, shorten
-from ..runtime.tuner import tuned_among_current
+from ..runtime.tuner import heuristic_unchanged, tuned_among_current
 from ..runtime.tuning_db import (CURRENT, ENV_VAR, DBKey, Record, TuningDB, TuningDBError,
                                  definition_of, record_status, speedup, stale)
 from .command import Command
@@ -31,9 +31,10 @@ def _db_args(p: argparse.ArgumentParser) -> None:
     show.add_argument("--no-shipped", action="store_true", help="hide the shipped DBs")
     show.add_argument("--check", action="store_true",
                       help="render each record's config and say whether it is served (its "
-                           "source is what it was measured on) or why not, and whether it was "
+                           "source is what it was measured on) or why not, whether it was "
                            "tuned among the candidates the planner offers today (`opgen tune` "
-                           "redoes those that were not)")
+                           "redoes those that were not), and whether its heuristic figure "
+                           "timed today's heuristic pick")
     show.set_defaults(db_run=cmd_show)
 
     prune = sub.add_parser(
@@ -107,20 +108,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         print(format_table(["source", "spec", "hash", "device", "arch", "N", "K", "bucket", "M",
                             "config", "us", "heur us", "speedup", "nvrtc"]
-                           + (["status", "candidates"] if args.check else []), rows))
+                           + (["status", "candidates", "heuristic"] if args.check else []), rows))
     return _report(db.problems())
 
 
 def _check(k: DBKey, key: str, r: Record) -> List[str]:
     """[whether the record is served, whether it was tuned among today's
-    candidates: "same", "changed" (or "unknown": tuned before records kept
-    that), "-" where it is not served]."""
+    candidates, whether its heuristic_us timed today's heuristic pick (so
+    that its speedup is still the heuristic's): each "same", "changed" (or
+    "unknown": tuned before records kept that), "-" where it is not served]."""
     status = record_status(key, r)
     spec = definition_of(k)
     if status != CURRENT or spec is None:
-        return [status, "-"]
+        return [status, "-", "-"]
     same = tuned_among_current(spec, k.arch, k.N, k.K, r)
-    return [status, "same" if same else "changed" if "candidates" in r else "unknown"]
+    heur = heuristic_unchanged(spec, k.arch, k.N, k.K, r)
+    return [status, "same" if same else "changed" if "candidates" in r else "unknown",
+            "unknown" if heur is None else "same" if heur else "changed"]
 
 
 def cmd_prune(args: argparse.Namespace) -> int:

@@ -65,18 +65,24 @@ def test_cli(path, tmp_path, opgen):
     assert rc == 0 and "w4a16_sym_g128" in out and "speedup" in out and "1.30" in out
     assert "12.9" in out                                      # the NVRTC it was measured with
     rc, out, _ = opgen("db", "show", "--path", path, "--no-shipped", "--check")
-    rows = [r.rsplit(None, 1) for r in out.splitlines()[3:]]       # [..., status, candidates]
+    rows = [r.rsplit(None, 2) for r in out.splitlines()[3:]]  # [..., status, candidates, heuristic]
     statuses = ("current", "no source hash", "unknown spec")
-    assert rc == 0 and sorted((next(s for s in statuses if rest.endswith(s)), cands)
-                              for rest, cands in rows) == [
-        ("current", "unknown"), ("no source hash", "-"), ("unknown spec", "-")]
+    assert rc == 0 and sorted((next(s for s in statuses if rest.endswith(s)), cands, heur)
+                              for rest, cands, heur in rows) == [
+        ("current", "unknown", "unknown"), ("no source hash", "-", "-"), ("unknown spec", "-", "-")]
     # tuned among today's candidates, or among others (the planner offers new kernels since)
     M = rec()["M"]
     for digest, said in ((tuner.candidates_digest(tuner._candidates(SPEC, "sm_90", M, 1024, 2048)), "same"),
                          ("0" * 16, "changed")):
         db.put_many([(key_for(), "1", dict(rec(2.0), candidates=digest))])
         out = opgen("db", "show", "--path", path, "--no-shipped", "--check", "--spec", SPEC.name)[1]
-        assert any(line.split()[-2:] == ["current", said] for line in out.splitlines()), out
+        assert any(line.split()[-3:-1] == ["current", said] for line in out.splitlines()), out
+    # whether heuristic_us timed today's pick (else its speedup is another pick's)
+    pick = tuner._heuristic(SPEC, "sm_90", M, 1024, 2048).name
+    for name, said in ((pick, "same"), ("gemm_other", "changed")):
+        db.put_many([(key_for(), "1", dict(rec(2.0), heuristic_config=name))])
+        out = opgen("db", "show", "--path", path, "--no-shipped", "--check", "--spec", SPEC.name)[1]
+        assert any(line.split()[-1] == said and "current" in line for line in out.splitlines()), out
     assert "no records" in opgen("db", "show", "--path", path, "--spec", "nope")[1]
     rc, out, _ = opgen("db", "prune", "--path", path, "--dry-run")
     assert rc == 0 and out.count("would remove") == 1 and "(no source hash)" in out
@@ -91,7 +97,7 @@ def test_shipped_records_are_all_current(opgen, tmp_path):
     rc, out, err = opgen("db", "show", "--path", tmp_path / "none.json", "--check")
     rows = [line for line in out.splitlines() if line.startswith("shipped")]
     assert rc == 0 and not err and len(rows) > 500
-    assert all(line.rsplit(None, 1)[0].endswith("current") for line in rows)
+    assert all(line.rsplit(None, 2)[0].endswith("current") for line in rows)
     # every shipped file (one per device)
     assert all(any(d in line for line in rows) for d in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"))
 

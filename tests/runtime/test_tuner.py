@@ -163,6 +163,7 @@ def test_two_pass_control_flow(fakes, tmp_path):
     r1 = res["1"]
     assert r1["config"] == {"name": "a"} and r1["config_name"] == "a" and r1["M"] == 1
     assert r1["median_us"] == 5.0 and r1["heuristic_us"] == 10.5     # both from the final pass
+    assert r1["heuristic_config"] == "heur"                          # what heuristic_us timed
     assert r1["runner_up_us"] == [5.6, 10.5]
     assert r1["rejected"] == ["b"] and [n for n, _ in res.verify_failed["1"]] == ["b"]
     assert r1["ranked"] == 7
