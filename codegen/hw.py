@@ -293,9 +293,16 @@ H200 = Calibration(
         "table_cvt_scale/pairs": {(64, 16): 80, (64, 32): 95, (64, 64): 96, (64, 128): 128, (64, 256): 220},
         # NF4 and MXFP4 with each byte's pair looked up at once (Config.pair_table):
         # the most ptxas took over both where no cap bound it (none spilled).
+        # NF4 at (128, 16): the cap of four MMA warpgroups (96; 86-96 taken
+        # in every ring, no spills), where w4a16_sym's 128-deep tiles won M =
+        # 16. MXFP4 (four e8m0 scales a row and 128-deep tile) spills 56
+        # bytes there under that cap in two rings of 16 x 128 x 128: 128.
         "pair_table_cvt_scale/pairs": {(64, 16): 72, (64, 32): 80, (64, 64): 96, (64, 128): 127,
-                                       (64, 256): 188, (128, 16): 128, (128, 32): 128, (128, 64): 128,
+                                       (64, 256): 188, (128, 16): 96, (128, 32): 128, (128, 64): 128,
                                        (128, 128): 168},
+        "pair_table_fp4_cvt_scale/pairs": {(64, 16): 72, (64, 32): 80, (64, 64): 96, (64, 128): 127,
+                                           (64, 256): 188, (128, 16): 128, (128, 32): 128, (128, 64): 128,
+                                           (128, 128): 168},
         # Sub-byte codes widened to int8 for int8 activations (w4a8_int8,
         # bitnet_b158_a8, int8_int4_int32; w4a8_int8_g128: integer zero
         # points and group scales, its sums flushed per group into a second

@@ -34,6 +34,8 @@ def rs_kernel(num: Numerics, dec: Decode, int_zero: bool, pairs) -> str:
     4-bit codes in the interleaved order (pair q of each word in its two
     halves), "pairs": any other layout lower.rs_pairs reads."""
     decode = dec.method + ("_int_zero" if int_zero else "_float_zero" if num.zero_kind == "float" else "")
+    if dec.method == "pair_table" and num.code_kind != "table":
+        decode += "_" + num.code_kind              # (e2m1's e8m0 scales per 32: more registers)
     if num.formula != "(q - z) * s" and num.zero_kind != "none":
         decode += "_minus_z"                       # q * s - z
     if not (num.scale_native or num.scale_gran is None):

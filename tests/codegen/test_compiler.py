@@ -257,16 +257,23 @@ def test_rs_pair_table_sass_and_resources(name):
     """The pair-table rs GEMMs (Config.pair_table) of NF4 and MXFP4, each
     kind of config in its deepest ring: no spills or local memory, TMA and
     HGMMA in the SASS, wgmma not serialized; ptxas held some config of each
-    (BK, BM) within RS_REGS["pair_table_cvt_scale/pairs"]. And each is a
+    (BK, BM) within its RS_REGS table (NF4's, MXFP4's). And each is a
     shorter kernel than the same config decoding code by code (NF4: 1048 ->
     808 SASS instructions at 16 x 64 x 64, two k-groups; one shared-memory
     load a pair, not two; MXFP4: e2m1's shifts, masks and exponent multiply
     replaced by prmt + lea + lds, 1072 -> 904)."""
     s = planner.execution_spec(spec(name), "sm_90")
-    table = planner.RS_REGS["pair_table_cvt_scale/pairs"]
+    table = planner.RS_REGS[planner.geometry(s, _rs_rings(s, lambda c: c.pair_table)[(16, 64, 64, 2)][8],
+                                             "sm_90")["kernel"]]
     rings = _rs_rings(s, lambda c: c.pair_table)
     deepest = [r[max(r)] for r in rings.values()]
     assert len(deepest) >= 30 and {c.BK for c in deepest} == {64, 128}
+    if name == "bnb_nf4":
+        # 128-deep tiles in four MMA warpgroups at 16 rows (w4a16_sym's M =
+        # 16 winner's shape), every ring within their cap without spills
+        assert set(rings[(16, 64, 128, 4)]) == {4, 8, 12} and set(rings[(16, 128, 128, 2)]) == {4, 6, 8, 12}
+        for cfg in [*rings[(16, 64, 128, 4)].values(), *rings[(16, 128, 128, 2)].values()]:
+            assert compiler.compile_kernel(s, cfg, "sm_90").resources["spill_bytes"] == 0, cfg.name
     least, shorter = {}, 0
     for cfg in deepest:
         _check_sm90_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")

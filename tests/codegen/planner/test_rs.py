@@ -178,8 +178,9 @@ def test_pair_tables():
     for name, high_first in (("bnb_nf4", True), ("mxfp4", False)):
         g = planner.geometry(spec(name), c, "sm_90")
         assert g["dec"].method == "pair_table" and g["dec"].high_first is high_first
-        assert g["kernel"] == "pair_table_cvt_scale/pairs"
-        assert planner.rs.kernel_class(spec(name), "sm_90", pair_table=True) == "pair_table_cvt_scale/pairs/float16"
+        kernel = "pair_table_cvt_scale/pairs" if name == "bnb_nf4" else "pair_table_fp4_cvt_scale/pairs"
+        assert g["kernel"] == kernel
+        assert planner.rs.kernel_class(spec(name), "sm_90", pair_table=True) == kernel + "/float16"
         assert g["smem"] == planner.geometry(spec(name), dataclasses.replace(c, pair_table=False), "sm_90")["smem"]
         cands = [x for x in planner.candidates(spec(name), "sm_90", 64, 8192, 8192) if x.rs]
         assert any(x.pair_table for x in cands) and any(not x.pair_table for x in cands)
