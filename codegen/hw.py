@@ -203,6 +203,9 @@ class Calibration:
     # blocks must fill at M = 17-64, below which it gives way to a split-K
     # GEMM (narrow layers).
     rs_min_fill: Mapping[str, float] = field(default_factory=dict)
+    # The rs GEMM kernels whose pair-table kernel takes 128-deep k-tiles at
+    # 16 rows of M (else 64-deep, as at every other m-tile).
+    rs_pair_tables_128_deep: FrozenSet[str] = frozenset()
     # By rs GEMM kernel (planner.rs.kernel_class): up to which M the
     # heuristic takes its 64-row weight tiles only.
     rs_rows64_max_m: Mapping[str, int] = field(default_factory=dict)
@@ -375,9 +378,11 @@ H200 = Calibration(
     # NF4 on 1024-row layers at M = 17-64 (0.24-0.48 x the SMs in rs
     # blocks): split-K GEMMs beat its rs GEMM by 1.65x and 1.75x at 17-32
     # (mma.sync), 1.37x and 1.66x at 33-64 (wgmma) (H100, H200); the 4-bit
-    # interleaved decodings' rs GEMM held there. The others: not measured.
+    # interleaved decodings' rs GEMM held there. MXFP4 at M = 33-64 (H200,
+    # H100): split-K GEMMs won on 1024 x 4096, 1024 x 8192 (Qwen2.5-72B's
+    # k / v, never tuned before) and 512 x 3584, 1.20-1.56x over its rs GEMM.
     # Source: docs/performance.md#heuristic
-    rs_min_fill={"table_cvt_scale/pairs/float16": 0.5},
+    rs_min_fill={"table_cvt_scale/pairs/float16": 0.5, "fp4_cvt_scale/pairs/float16": 0.5},
     # The widened codes' group kernel (its second set of sums, flushed per
     # scale group): 64-row weight tiles won all 25 of its records at M =
     # 16-256 (H100, five shapes), 1.07-1.53x over the 128-row tiles the
@@ -385,6 +390,14 @@ H200 = Calibration(
     # 256); from M = 1024 128-row tiles won 7 of 10.
     # Source: docs/performance.md#heuristic
     rs_rows64_max_m={"widen_int_zero_group/bytes/int8": 256},
+    # NF4 at M = 9-16: of its 12 records where 128-deep pair-table tiles
+    # were candidates (four MMA warpgroups since c7daba1, one or two
+    # before), they won the 9 on grids of up to two waves (8192^2, 4096^2,
+    # 8192 x 28672 / 29568, 10240 to 29568 rows; 1.03-1.24x over the
+    # 64-deep picks, H200) and 64-deep ones the 3 wider (18944, 37888,
+    # 59136 rows: 2.2-7 waves of 64-row blocks). MXFP4's 64-deep tiles won
+    # at 16 rows. Source: docs/performance.md#heuristic
+    rs_pair_tables_128_deep=frozenset({"table_cvt_scale/pairs/float16"}),
     # NF4's table decode costs about twice the 4-bit magic one per weight
     # row: at M = 257-512 on 5120-row layers its winners were 256 x 128
     # tiles (one wave), 1.22x and 1.34x over the 128 x 64 ones (three

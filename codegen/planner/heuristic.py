@@ -100,23 +100,32 @@ def _decoded_work(c: Config, M: int, N: int, sms: int, decode_rows: int,
 
 
 def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, staging_rows: int,
-              deep: bool) -> tuple:
+              deep: bool, pairs128: bool, widened: bool) -> tuple:
     """`_decoded_work` (decode_rows by decoding: `_rs_pick`); then the tallest,
     widest tile, the pair table (a candidate only where
     hw.Calibration.rs_pair_tables has it, up to its M: its 32 KiB may
     shorten the ring), and the depth, k-groups and ring the tuned winners had
     with it: 64-deep k-tiles at 256 rows (their registers) and with pair
-    tables (their sweeps' winners at M = 16-256); 128 weight rows
-    in one k-group of 4 stages from 128 rows, else two of 8 (12 at 16
-    rows); 64 weight rows in two k-groups (four at 16 rows) of 8 stages
-    (6 from 128 rows, 12 at 16); with `deep` (the decodings of
+    tables (their sweeps' winners at M = 16-256; at 16 rows on grids of up
+    to two waves 128-deep with `pairs128`: hw.Calibration.rs_pair_tables_128_deep);
+    at 16 rows of M on grids of one wave, 128 weight rows in two k-groups
+    and 64 in four, of 12 stages, on wider grids one k-group of 6 (the
+    widened codes: two of 12) and two of 6; else 128 weight rows in one
+    k-group of 4 stages from 128 rows, else two of 8; 64 weight rows in two
+    k-groups of 8 stages (6 from 128 rows); with `deep` (the decodings of
     hw.Calibration.rs_deep_kgroups on a grid under one wave) four k-groups
     of 12 stages up to 64 rows: docs/performance.md#heuristic."""
     blocks, work = _decoded_work(c, M, N, sms, decode_rows, staging_rows)
-    bk = 64 if c.BM == 256 or c.pair_table else 128
+    pairs128 = pairs128 and c.BM == 16 and blocks <= 2 * sms
+    bk = 64 if c.BM == 256 or (c.pair_table and not pairs128) else 128
     if c.BN == 128:
-        kgroups, stages = (1, 4) if c.BM >= 128 else (2, 12 if c.BM == 16 else 8)
-    elif c.BM == 16 or (deep and c.BM <= 64 and blocks < sms):
+        if c.BM == 16:
+            kgroups, stages = (2, 12) if blocks <= sms or widened else (1, 6)
+        else:
+            kgroups, stages = (1, 4) if c.BM >= 128 else (2, 8)
+    elif c.BM == 16:
+        kgroups, stages = (4, 12) if blocks <= sms else (2, 6)
+    elif deep and c.BM <= 64 and blocks < sms:
         kgroups, stages = 4, 12
     else:
         kgroups, stages = (2, 6) if c.BM >= 128 else (2, 8)
@@ -157,7 +166,9 @@ def _rs_pick(rs: List[Config], kind: str, M: int, N: int, sms: int, cal: hw.Cali
         rs = [c for c in rs if c.BN == 64] or rs
     rows = cal.rs_decode_rows_of.get(kind, cal.rs_decode_rows)
     deep = kind in cal.rs_deep_kgroups
-    return min(rs, key=lambda c: _rs_score(c, M, N, sms, rows, cal.rs_staging_rows, deep))
+    pairs128 = kind in cal.rs_pair_tables_128_deep
+    widened = kind.startswith("widen")
+    return min(rs, key=lambda c: _rs_score(c, M, N, sms, rows, cal.rs_staging_rows, deep, pairs128, widened))
 
 
 def _rs_from_m9(kind: str, N: int, sms: int, cal: hw.Calibration) -> bool:

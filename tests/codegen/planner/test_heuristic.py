@@ -155,6 +155,32 @@ def test_nf4_rs_tiles_as_its_winners_had_them():
     assert planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 100, 1024, 4096, sms=132).kgroups == 2
 
 
+def test_rs_at_16_rows_as_the_h200_winners_had_them():
+    """M = 9-16 (H200 records, Qwen2.5-72B's layers never tuned before among
+    them): on grids of one wave four k-groups of 12 stages (64-row blocks) or
+    two (128-row ones); on wider grids two of 6 (64 rows) or one of 6 (128
+    rows; the widened codes keep two of 12); NF4's pair table 128-deep on
+    grids of up to two waves (hw.H200.rs_pair_tables_128_deep), 64-deep on
+    wider ones and for MXFP4 (docs/performance.md#heuristic)."""
+    sym, nf4, mx = spec("w4a16_sym_g128"), spec("bnb_nf4"), spec("mxfp4")
+    want = {(sym, 8192, 8192): "gemm_16x64x128_w64x16_p12_s1_wg_tma_rs4",
+            (sym, 28672, 8192): "gemm_16x128x128_w64x16_p6_s1_wg_tma_rs",
+            (sym, 29568, 8192): "gemm_16x128x128_w64x16_p6_s1_wg_tma_rs",
+            (nf4, 8192, 29568): "gemm_16x64x128_w64x16_p12_s1_wg_tma_rs4_pt",
+            (nf4, 59136, 8192): "gemm_16x64x64_w64x16_p6_s1_wg_tma_rs2_pt",
+            (mx, 8192, 8192): "gemm_16x64x64_w64x16_p12_s1_wg_tma_rs4_pt",
+            (mx, 59136, 8192): "gemm_16x64x64_w64x16_p6_s1_wg_tma_rs2_pt"}
+    for (s, N, K), config in want.items():
+        assert planner.heuristic(s, "sm_90", 16, N, K, sms=132).name == config, (s.name, N, K)
+    c = planner.heuristic(nf4, "sm_90", 16, 28672, 8192, sms=132)
+    assert c.pair_table and (c.BN, c.BK, c.kgroups) == (128, 128, 1), c.name
+    a8 = spec("w4a8_int8")
+    assert planner.heuristic(a8, "sm_90", 16, 28672, 8192, sms=132).kgroups == 2
+    # MXFP4 on 1024-row layers at M = 33-64 gives way to a split-K GEMM, as NF4
+    c = planner.heuristic(mx, "sm_90", 64, 1024, 8192, sms=132)
+    assert not c.rs and c.split_k > 1, c.name
+
+
 def test_decode_gemv_splits_k_only_for_starved_grids():
     """M = 1, weights [N, K]: 1024- and 512-row layers' GEMVs run whole-K
     (split in two they took 1.42-1.66x longer in nine tuned records); wide
