@@ -110,23 +110,28 @@ def _rs_score(c: Config, M: int, N: int, sms: int, decode_rows: int, staging_row
     to two waves 128-deep with `pairs128`: hw.Calibration.rs_pair_tables_128_deep);
     at 16 rows of M on grids of one wave, 128 weight rows in two k-groups
     and 64 in four, of 12 stages, on wider grids one k-group of 6 (the
-    widened codes: two of 12) and two of 6; else 128 weight rows in one
-    k-group of 4 stages from 128 rows, else two of 8; 64 weight rows in two
-    k-groups of 8 stages (6 from 128 rows); with `deep` (the decodings of
-    hw.Calibration.rs_deep_kgroups on a grid under one wave) four k-groups
-    of 12 stages up to 64 rows: docs/performance.md#heuristic."""
+    widened codes: two of 12) and two of 6; at 64 rows of M on grids past
+    one wave one k-group of 4 (pair tables' 64 weight rows: two of 6);
+    else 128 weight rows in one k-group of 4 stages from 128 rows, else two
+    of 8; 64 weight rows in two k-groups of 8 stages (6 from 128 rows);
+    with `deep` (the decodings of hw.Calibration.rs_deep_kgroups on a grid
+    under one wave) four k-groups of 12 stages up to 64 rows:
+    docs/performance.md#heuristic."""
     blocks, work = _decoded_work(c, M, N, sms, decode_rows, staging_rows)
     pairs128 = pairs128 and c.BM == 16 and blocks <= 2 * sms
     bk = 64 if c.BM == 256 or (c.pair_table and not pairs128) else 128
+    wide = blocks > sms
     if c.BN == 128:
         if c.BM == 16:
-            kgroups, stages = (2, 12) if blocks <= sms or widened else (1, 6)
+            kgroups, stages = (2, 12) if not wide or widened else (1, 6)
         else:
-            kgroups, stages = (1, 4) if c.BM >= 128 else (2, 8)
+            kgroups, stages = (1, 4) if c.BM >= 128 or (wide and c.BM == 64) else (2, 8)
     elif c.BM == 16:
-        kgroups, stages = (4, 12) if blocks <= sms else (2, 6)
+        kgroups, stages = (2, 6) if wide else (4, 12)
     elif deep and c.BM <= 64 and blocks < sms:
         kgroups, stages = 4, 12
+    elif wide and c.BM == 64:
+        kgroups, stages = (2, 6) if c.pair_table else (1, 4)
     else:
         kgroups, stages = (2, 6) if c.BM >= 128 else (2, 8)
     return (work, -c.BM, -c.BN, not c.pair_table, c.BK != bk, c.kgroups != kgroups, c.stages != stages)

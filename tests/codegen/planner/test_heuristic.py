@@ -176,6 +176,13 @@ def test_rs_at_16_rows_as_the_h200_winners_had_them():
     assert c.pair_table and (c.BN, c.BK, c.kgroups) == (128, 128, 1), c.name
     a8 = spec("w4a8_int8")
     assert planner.heuristic(a8, "sm_90", 16, 28672, 8192, sms=132).kgroups == 2
+    # 64 rows of M on grids past one wave: one k-group of 4 stages (pair
+    # tables' 64-row blocks two of 6), as 11 H200 / H100 winners had them
+    for name, N, K, config in (("w4a8_fp8", 28672, 8192, "gemm_64x128x128_w64x64_p4_s1_wg_tma_rs"),
+                               ("bnb_nf4", 29568, 8192, "gemm_64x128x64_w64x64_p4_s1_wg_tma_rs_pt"),
+                               ("mxfp4", 59136, 8192, "gemm_64x64x64_w64x64_p6_s1_wg_tma_rs2_pt")):
+        assert planner.heuristic(spec(name), "sm_90", 64, N, K, sms=132).name == config, name
+    assert planner.heuristic(sym, "sm_90", 64, 8192, 8192, sms=132).kgroups == 2      # (one wave)
     # MXFP4 on 1024-row layers at M = 33-64 gives way to a split-K GEMM, as NF4
     c = planner.heuristic(mx, "sm_90", 64, 1024, 8192, sms=132)
     assert not c.rs and c.split_k > 1, c.name
