@@ -235,8 +235,9 @@ def test_a_tuned_config_that_does_not_compile_falls_back_to_the_heuristic(monkey
                         lambda spec, N, K, arch: make_key(spec, N, K, arch=arch, device="NVIDIA H200"))
     op = opgen.load("w4a16_sym_g128", N=8192, K=8192, arch="sm_90")
     # a bucket whose tuned winner is not the heuristic's pick
-    bucket, M = next((b, M) for b, M in (("2-4", 4), ("17-32", 32), ("33-64", 64), ("65-128", 128),
-                                         ("129-256", 256), ("257-512", 512))
+    bucket, M = next((b, M) for b, M in (("1", 1), ("2-4", 4), ("9-16", 16), ("17-32", 32), ("33-64", 64),
+                                         ("65-128", 128), ("129-256", 256), ("257-512", 512),
+                                         ("513-1024", 1024), (">1024", 4096))
                      if op.choose(b) != op.choose(b, from_db=False))
     tuned = op.choose(bucket)
     assert op.sources[bucket] == "db"
