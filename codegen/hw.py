@@ -203,6 +203,9 @@ class Calibration:
     # blocks must fill at M = 17-64, below which it gives way to a split-K
     # GEMM (narrow layers).
     rs_min_fill: Mapping[str, float] = field(default_factory=dict)
+    # predecode_m["rs_gemm"] of the rs GEMM kernels (planner.rs.kernel_class)
+    # whose threshold differs.
+    rs_predecode_m_of: Mapping[str, int] = field(default_factory=dict)
     # The rs GEMM kernels whose pair-table kernel takes 128-deep k-tiles at
     # 16 rows of M (else 64-deep, as at every other m-tile).
     rs_pair_tables_128_deep: FrozenSet[str] = frozenset()
@@ -253,14 +256,9 @@ H200 = Calibration(
     # 759.1 / 796.5 BitNet A8; W4A8's margin 1.03x at 4096, 1.01x there):
     # with it predecode starts at 16384 (untimed). The runtime asks the
     # largest bucket at 4096, so without a tuned record it never predecodes.
-    # w4a16_sym's rs GEMM (magic/halves) won 7 of its 8 H200 records at M =
-    # 4096, 1.01-1.21x over the heuristic's predecode pick (median 1.09x;
-    # predecode won 14336 x 57344); GPTQ's (magic_int_zero/halves) 6 of 10,
-    # the other decodings none: from 8192 for it (the runtime's bucket M
-    # never reaches it), 2048 for them.
     # Source: docs/performance.md#predecode
     predecode_m={"no_fused_wgmma": 256, "zero_points": 256, "other": 512, "rs_gemm": 2048,
-                 "rs_gemm/magic/halves/float16": 8192, "widened_a8": 2048, "rs_widened_a8": 16384},
+                 "widened_a8": 2048, "rs_widened_a8": 16384},
     # The most ptxas gave w4a16_sym over blocks, ring depths and k-groups
     # (tests/codegen/test_compiler.py keeps these upper bounds true).
     # Source: docs/performance.md#rs-gemm
@@ -404,6 +402,13 @@ H200 = Calibration(
     # waves) that 64 rows of decode cost pick.
     # Source: docs/performance.md#heuristic
     rs_decode_rows_of={"table_cvt_scale/pairs/float16": 128},
+    # w4a16_sym's rs GEMM (magic/halves) won 7 of its 8 H200 records at M =
+    # 4096, 1.01-1.21x over the heuristic's predecode pick (median 1.09x;
+    # predecode won 14336 x 57344); GPTQ's (magic_int_zero/halves) 6 of 10,
+    # the other decodings none: from 8192 for it (the runtime's bucket M
+    # never reaches it), 2048 for them.
+    # Source: docs/performance.md#predecode
+    rs_predecode_m_of={"magic/halves/float16": 8192},
     # NF4's blocks of 64 weight rows and <= 64 rows of M on grids under one
     # wave: four k-groups won all 13 such records (12 stages in 9, 8 in 4),
     # 1.10-1.17x over the two of 8 picked before where the H100 timed both;

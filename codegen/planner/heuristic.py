@@ -46,7 +46,7 @@ def predecode_from(spec: Spec, cands: List[Config], arch: str) -> int:
     fused GEMM among cands pays per decoded tile (hw.Calibration.predecode_m);
     for 8-bit activations (sub-byte codes widened to 8-bit ones: the W8A8
     GEMMs after) their own thresholds, with and without their rs GEMM; an
-    rs GEMM kernel class with its own ("rs_gemm/" + its kernel_class) takes it."""
+    rs GEMM kernel class in hw.Calibration.rs_predecode_m_of its own."""
     at = hw.calibration(arch).predecode_m
     pick_rs = rs_pickable(spec, arch)
     rs = pick_rs and any(c.rs for c in cands)
@@ -55,7 +55,7 @@ def predecode_from(spec: Spec, cands: List[Config], arch: str) -> int:
     if not any(c.wgmma and not c.predecode and (not c.rs or pick_rs) for c in cands):
         return at["no_fused_wgmma"]
     if rs:
-        return at.get("rs_gemm/" + kernel_class(spec, arch), at["rs_gemm"])
+        return hw.calibration(arch).rs_predecode_m_of.get(kernel_class(spec, arch), at["rs_gemm"])
     if numerics(spec).zero_kind in ("int", "float"):
         return at["zero_points"]
     return at["other"]
@@ -163,16 +163,17 @@ def _widened_split(pick: Config, wg: List[Config], M: int, N: int, K: int, sms: 
     return max(splits, key=lambda c: c.split_k, default=pick)
 
 
-def _rs_pick(rs: List[Config], kind: str, M: int, N: int, sms: int, cal: hw.Calibration) -> Config:
+def _rs_pick(rs: List[Config], kind: str, widened: bool, M: int, N: int, sms: int,
+             cal: hw.Calibration) -> Config:
     """The rs tile by `_rs_score`, with the calibration of its decoding
-    (kind: planner.rs.kernel_class); only 64 weight rows up to the M of
+    (kind: planner.rs.kernel_class; widened: codes widened for 8-bit
+    activations); only 64 weight rows up to the M of
     hw.Calibration.rs_rows64_max_m."""
     if M <= cal.rs_rows64_max_m.get(kind, 0):
         rs = [c for c in rs if c.BN == 64] or rs
     rows = cal.rs_decode_rows_of.get(kind, cal.rs_decode_rows)
     deep = kind in cal.rs_deep_kgroups
     pairs128 = kind in cal.rs_pair_tables_128_deep
-    widened = kind.startswith("widen")
     return min(rs, key=lambda c: _rs_score(c, M, N, sms, rows, cal.rs_staging_rows, deep, pairs128, widened))
 
 
@@ -228,12 +229,12 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     if not cands:
         raise PlanError(f"{spec.name}: no kernel configuration fits M={M} N={N} K={K} on {arch}"
                         + (f" besides the {len(exclude)} excluded" if exclude else ""))
+    a = hw.arch(arch)
+    num = numerics(spec, fp8_mma=a.fp8_mma)
     tc = [c for c in cands if c.tc]
     rs = [c for c in cands if c.rs]                 # (only where rs_pickable)
     if 9 <= M <= 16 and rs and _rs_from_m9(kind, N, sms, cal):
-        return _rs_pick(rs, kind, M, N, sms, cal)
-    a = hw.arch(arch)
-    num = numerics(spec, fp8_mma=a.fp8_mma)
+        return _rs_pick(rs, kind, num.widen, M, N, sms, cal)
     dense_op = num.dense
     # Sub-byte codes widened for 8-bit activations on sm_90 (the rules
     # measured there: hw.Calibration.widened_waves_max_m): at M = 2-16 the
@@ -340,7 +341,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # took 46.7): docs/performance.md#heuristic.
     rs = [c for c in cands if c.rs]          # (cands: predecode's or not, above)
     if rs and M > 16:
-        pick = _rs_pick(rs, kind, M, N, sms, cal)
+        pick = _rs_pick(rs, kind, num.widen, M, N, sms, cal)
         if not _rs_starved(pick, kind, M, N, sms, cal):
             return pick
         cands = [c for c in cands if not c.rs]

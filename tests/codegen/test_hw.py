@@ -74,9 +74,9 @@ def test_unknown_arch_has_no_planned_device():
 @pytest.mark.parametrize("device", sorted(hw.CALIBRATION))
 def test_calibration_is_complete(device):
     cal = hw.CALIBRATION[device]
-    assert set(cal.predecode_m) - {k for k in cal.predecode_m if k.startswith("rs_gemm/")} == \
-        {"no_fused_wgmma", "zero_points", "other", "rs_gemm", "widened_a8", "rs_widened_a8"}
-    assert {k.split("/", 1)[1] for k in cal.predecode_m if k.startswith("rs_gemm/")} <= cal.rs_verified
+    assert set(cal.predecode_m) == {"no_fused_wgmma", "zero_points", "other", "rs_gemm", "widened_a8",
+                                     "rs_widened_a8"}
+    assert set(cal.rs_predecode_m_of) <= cal.rs_verified
     assert all(m > 0 for m in cal.predecode_m.values())
     # the two decodes run on the device cover every (BK, BM) the rs GEMM has
     assert set(cal.rs_regs["magic/halves"]) == set(cal.rs_regs["magic_int_zero/halves"])
@@ -121,6 +121,7 @@ def test_each_measured_constant_cites_its_evidence():
     assert set(fields) == {"gemv_bytes_in_flight", "tma_tile_speed", "predecode_m", "rs_regs",
                            "rs_verified", "rs_decode_rows", "rs_staging_rows", "rs_from_m9", "rs_from_m9_fill", "rs_from_m9_fill_of",
                            "gemv_split_fill_warps", "rs_min_fill", "rs_rows64_max_m", "rs_pair_tables_128_deep",
+                           "rs_predecode_m_of",
                            "rs_decode_rows_of", "rs_deep_kgroups",
                            "gemv_no_prefetch", "int8_gemv_max_m", "a8_gemv_max_m", "a8_verified",
                            "inflight_sums_verified", "rs_pair_tables", "widened_waves_max_m",
