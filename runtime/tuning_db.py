@@ -197,7 +197,9 @@ def make_record(config: dict, median_us: float, *, M: int, runner_up_us=(),
 
 @functools.lru_cache(maxsize=1)
 def _shipped_definitions() -> Dict[str, Spec]:
-    """{name: Spec} of the specs shipped in opgen.specs."""
+    """{name: Spec} of the specs shipped in opgen.specs, and of the
+    execution specs their kernels run (planner.execution_spec: what the
+    tuner keys their records by)."""
     out = {}
     for path in shipped_specs().values():
         try:
@@ -205,6 +207,9 @@ def _shipped_definitions() -> Dict[str, Spec]:
         except Exception:            # a broken shipped spec is not the DB's business
             continue
         out[spec.name] = spec
+        for arch in sorted(planner.LAYOUTS):
+            e = planner.execution_spec(spec, arch)
+            out.setdefault(e.name, e)    # (every arch has the same layout today)
     return out
 
 

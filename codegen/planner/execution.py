@@ -24,7 +24,7 @@ def interleaved(P: int) -> Tuple[int, ...]:
     """The pack order whose field i and field i + P/2 hold elements 2i and
     2i + 1: each half-word shift exposes a pair of neighbours along k, which
     the magic-number decode turns into one half2 (0, 2, 4, 6, 1, 3, 5, 7 for
-    eight 4-bit codes)."""
+    eight 4-bit codes; 0, 2, .., 14, 1, 3, .., 15 for sixteen 2-bit ones)."""
     return tuple(range(0, P, 2)) + tuple(range(1, P, 2))
 
 
@@ -44,21 +44,25 @@ class ExecutionLayout:
     rows_n: stored [N, K] (rows of the weight matrix, k contiguous): the row
     GEMV's coalesced walk along k and the TMA/rs GEMM's weight-row boxes.
     pack_k: sub-byte codes packed along k (each thread decodes codes of one
-    row). int4_pack: the container and order of 4-bit integer codes (the rs
-    GEMM reads exactly this; other codes keep their container and order).
-    byte_lanes: with 8-bit activations, sub-byte integer codes as int32 words
+    row). int_container: sub-byte integer codes (1, 2 and 4 bits, ternary
+    ones too) as words of this container in the interleaved order, each
+    lane's pair of the rs GEMM in a word's two halves (one shift and one
+    lop3 a pair; other codes keep their container and order). byte_lanes: with 8-bit activations, sub-byte integer codes as int32 words
     in the byte_lanes order (the GEMM widens them to the 8-bit type)."""
     rows_n: bool
     pack_k: bool
-    int4_pack: Optional[Pack]
+    int_container: Optional[str]
     byte_lanes: bool
 
 
-# Rows along n, codes packed along k, 4-bit integer codes as int32 words in
-# the interleaved order: what the rs GEMM (sm_90a) reads, and the pairs the
-# magic-number decode of the row GEMV and of the mma.sync GEMM take whole.
+# Rows along n, codes packed along k, sub-byte integer codes as int32 words
+# in the interleaved order: what the rs GEMM (sm_90a) reads, and the pairs
+# the magic-number decode of the row GEMV and of the mma.sync GEMM take
+# whole (2- and 1-bit codes stored in sequence moved too: one shift and
+# lop3 a pair in the rs GEMM, not the two shifts, masks and or that join a
+# pair stored 8 or 16 codes apart; docs/performance.md#execution-layouts).
 # With 8-bit activations: their codes by byte lanes.
-ROWS_K_PAIRS = ExecutionLayout(True, True, Pack("int32", "k", interleaved(8)), byte_lanes=True)
+ROWS_K_PAIRS = ExecutionLayout(True, True, "int32", byte_lanes=True)
 LAYOUTS = {arch: ROWS_K_PAIRS for arch in hw.ARCHS}
 
 EXECUTION_SUFFIX = "_exec"
@@ -80,8 +84,9 @@ def _target(w: Weight, a_dtype: str, lay: ExecutionLayout) -> Weight:
         return t
     if lay.byte_lanes and a_dtype in A8_DTYPES and w.dtype in SUB_BYTE_INT_DTYPES:
         pack = Pack("int32", "k", byte_lanes(32 // code.bits))
-    elif lay.int4_pack is not None and code.bits == 4 and code.kind in ("uint", "int"):
-        pack = lay.int4_pack
+    elif lay.int_container is not None and code.bits in (1, 2, 4) and code.kind in ("uint", "int", "ternary"):
+        P = CONTAINER_BITS[lay.int_container] // code.bits
+        pack = Pack(lay.int_container, "k", interleaved(P))
     else:
         pack = dataclasses.replace(w.pack, axis="k" if lay.pack_k else w.pack.axis, planes=False)
     P = CONTAINER_BITS[pack.container] // code.bits

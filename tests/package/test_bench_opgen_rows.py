@@ -67,6 +67,10 @@ def time_spec(s, N, K, Ms, logs=None, graph=False):
                                 log=(logs if logs is not None else []).append)
 
 
+# Stored otherwise than their kernels read them (planner.execution_spec).
+MOVED = ("gptq_v2_w4a16_g128", "awq_w4a16_g128", "bitnet_b158")
+
+
 @pytest.mark.parametrize("name", ["gptq_v2_w4a16_g128", "awq_w4a16_g128", "w8a8_int8",
                                   "fp8_e4m3_w8a8", "bitnet_b158", "mxfp4"])
 def test_time_spec(monkeypatch, name):
@@ -97,10 +101,10 @@ def test_time_spec(monkeypatch, name):
             assert "opgen_linear_us" not in r and "opgen_linear_error" not in r
         # stored otherwise than its kernels read it: timed in the kernels'
         # layout (a second op), the one-time move timed as prepare_ms
-        moved = name in ("gptq_v2_w4a16_g128", "awq_w4a16_g128")
+        moved = name in MOVED
         assert (r.get("layout") == name + "_exec") == moved and ("prepare_ms" in r) == moved
         assert not moved or r["prepare_ms"] > 0
-    timed = ops[-1] if name in ("gptq_v2_w4a16_g128", "awq_w4a16_g128") else ops[0]
+    timed = ops[-1] if name in MOVED else ops[0]
     assert timed.calls == len(Ms) * (1 + 3)     # one checked call + 3 timed launches, per M
 
 

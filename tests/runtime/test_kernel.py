@@ -454,10 +454,9 @@ def test_rs_matches_reference(name, M, N, K, record):
     setmaxnreg split) at tails: M inside one 16-row tile (the tuner takes it
     from M = 9) and past several, N past the 64 / 128 weight rows of a block
     (rows and scales past N), K = 18 and 34 64-deep k-tiles (9 and 17 of
-    128: k-groups of unequal length). In the layout opgen.load runs: GPTQ
-    and AWQ moved into their execution layouts; NF4 (the table), ternary and
-    2-bit codes (their pairs moved into a word's halves), float32 scales
-    converted: the decodes hw.H200.rs_verified does not list yet."""
+    128: k-groups of unequal length). In the layout opgen.load runs: GPTQ,
+    AWQ, 2-bit, ternary and 1-bit codes moved into their execution layouts
+    (interleaved int32 words); NF4 (the table), float32 scales converted."""
     skip_without("wgmma")
     spec = _run_spec(name)
     cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.rs]
@@ -530,7 +529,8 @@ def test_a8_predecode_matches_reference(name, M, N, K, record):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["gptq_v2_w4a16_g128", "gptq_v2_w4a16_g128@exec", "awq_w4a16_g128@exec",
                                   "w4a16_sym_g128", "bnb_nf4", "mxfp4", "bitnet_b158", "fp8_e4m3_w8a16",
-                                  "w1a16_g128", "w8a8_int8"])
+                                  "w1a16_g128", "w8a8_int8", "w2a16_g128@exec", "bitnet_b158@exec",
+                                  "w1a16_g128@exec"])
 @pytest.mark.parametrize("M", [1, 5, 70])
 def test_every_candidate(name, M, record):
     """Every configuration the tuner may time, at a small odd shape: a config

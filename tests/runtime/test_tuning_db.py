@@ -162,6 +162,24 @@ def test_a_key_string_of_a_spec_that_is_not_shipped_cannot_be_checked(path, monk
     assert db.lookup(key_for(), "1") is not None
 
 
+def test_records_of_execution_specs_are_checked_as_the_shipped_specs_are(path):
+    """The tuner keys a record by the spec its kernels run (w2a16_g128 moved
+    into its execution layout: w2a16_g128_exec): its key string alone
+    renders as a shipped spec's does, and a layout change (another content
+    hash under that name) makes its records stale, for prune."""
+    e = planner.execution_spec(as_spec("w2a16_g128"), ARCH)
+    assert e.name == "w2a16_g128_exec"
+    cfg = planner.heuristic(e, ARCH, 64, 1024, 2048)
+    key = key_for(spec=e)
+    r = make_record(cfg.to_dict(), 10.0, M=64, config_name=cfg.name, nvrtc="12.9",
+                    source_hash=tdb.rendered_hash(key, cfg.to_dict()))
+    assert tdb.record_status(str(key), r) == tdb.CURRENT
+    old = str(key).replace(e.content_hash(), "0" * 16)
+    assert tdb.record_status(old, r) == tdb.SPEC_CHANGED
+    write_records(path, {old: {"33-64": r}, str(key): {"33-64": r}})
+    assert TuningDB(path, shipped=False).prune(tdb.stale()) == 1
+
+
 def test_a_record_the_planner_refuses_never_reaches_the_op(path, monkeypatch):
     """A record whose config no longer plans (hand-edited, or from another
     planner) is skipped at lookup, so the op takes the heuristic's pick
@@ -299,6 +317,15 @@ def test_the_h200_db_ships_and_every_record_is_served(tmp_path):
     k = DBKey.parse(e.key)
     key = make_key(as_spec(k.spec), k.N, k.K, arch=k.arch, device=tdb.REFERENCE_DEVICE)
     assert TuningDB(tmp_path / "none.json").lookup(key, e.bucket) == e.record
+
+
+@pytest.mark.parametrize("p", tdb.shipped_paths(), ids=lambda p: p.name)
+def test_every_shipped_record_is_current(p):
+    """Every shipped DB (the H200's above; the H100's beside it): no record
+    that a spec, layout or kernel change left behind."""
+    entries = TuningDB(p, shipped=False, quiet=True).records()
+    assert entries
+    assert [(e.key, e.bucket) for e in entries if tdb.record_status(e.key, e.record) != tdb.CURRENT] == []
 
 
 def test_put_refuses_a_key_no_lookup_could_name(path):

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from opgen.codegen import planner
 from opgen.codegen.canonical import spec_to_yaml_dict
 from opgen.codegen.errors import SpecErrors
+from opgen.codegen.lower import rs_pairs, weight_layout
 from opgen.codegen.planner.execution import EXECUTION_SUFFIX, LAYOUTS, execution_spec, interleaved
 from opgen.codegen.resolve import as_spec, shipped_specs
 from opgen.codegen.spec import Activation, Output, Pack, Spec
@@ -68,8 +69,21 @@ def test_4_bit_formats_stored_otherwise_land_on_the_rs_gemm(name):
         assert planner.family_of(cfg).name == "rs", (M, cfg.name)
 
 
+@pytest.mark.parametrize("name,P", [("w2a16_g128", 16), ("bitnet_b158", 16), ("w1a16_g128", 32)])
+def test_2_and_1_bit_codes_stored_in_sequence_move_to_the_interleaved_order(name, P):
+    """Each rs GEMM lane's pair in a word's two halves, as for 4-bit codes:
+    decoded by one shift and lop3 (rs_pairs: gap 16), not joined first."""
+    s = as_spec(name)
+    e = execution_spec(s, "sm_90")
+    assert e.name == name + EXECUTION_SUFFIX
+    assert e.b.pack == Pack("int32", "k", interleaved(P)) and e.b.layout == "nt"
+    assert (e.b.scale, e.b.zero) == (s.b.scale, s.b.zero)
+    pairs = rs_pairs(weight_layout(e), 128)
+    assert {p.gap for hs in pairs for p in hs} == {16}
+
+
 @pytest.mark.parametrize("name", ["w4a16_sym_g128", "gptq_v2_w4a16_g128_repacked", "bnb_nf4", "mxfp4",
-                                  "w2a16_g128", "bitnet_b158", "fp8_e4m3_w8a16", "w8a8_int8"])
+                                  "bitnet_b158_a8", "fp8_e4m3_w8a16", "w8a8_int8"])
 def test_specs_already_stored_for_the_kernels_are_their_own(name):
     s = as_spec(name)
     assert execution_spec(s, "sm_90") is s
