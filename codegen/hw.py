@@ -193,6 +193,11 @@ class Calibration:
     rs_from_m9_fill: float = 0.85
     # rs_from_m9_fill of the kernels whose share differs (0: any layer).
     rs_from_m9_fill_of: Mapping[str, float] = field(default_factory=dict)
+    # The share that suffices for these kernels where K is at most
+    # rs_from_m9_short_k (each block's k-loop short: fewer blocks cost less
+    # than splitting K).
+    rs_from_m9_short_k_fill_of: Mapping[str, float] = field(default_factory=dict)
+    rs_from_m9_short_k: int = 0
     # rs_decode_rows of the rs GEMM kernels (planner.rs.kernel_class) whose
     # decode costs otherwise.
     rs_decode_rows_of: Mapping[str, int] = field(default_factory=dict)
@@ -367,6 +372,18 @@ H200 = Calibration(
     # at N = 4096 and 1024 (0.48 x and below) the GEMV won 2 of 3 (the rule
     # misses the third by 1.09x). Source: docs/performance.md#heuristic
     rs_from_m9_fill=0.5,
+    # Where K <= 4096, from 0.4 x the SMs for the integer and table
+    # decodings: at N = K = 4096 and 3584 (0.48 and 0.42 x) their rs GEMM
+    # won 10 of 11 records (w4a16_sym, GPTQ, NF4, MXFP4, and W2, W1,
+    # ternary in their execution layouts; H200 and H100) and an H100 sweep
+    # at M = 16 by 1.08-1.18x over the tensor-core GEMV; at K = 14336 and
+    # 18944 on the same rows the GEMV or a split-K GEMM won by 1.1-1.2x.
+    # fp8 weights' GEMV won there (H200). Source: docs/performance.md#heuristic
+    rs_from_m9_short_k_fill_of={k: 0.4 for k in (
+        "magic/halves/float16", "magic_int_zero/halves/float16", "table_cvt_scale/pairs/float16",
+        "fp4_cvt_scale/pairs/float16", "magic_float_zero_minus_z/pairs/float16",
+        "magic/pairs/float16", "magic_cvt_scale/pairs/float16")},
+    rs_from_m9_short_k=4096,
     # The widened codes' rs GEMM on every layer (above: where it lost, by
     # up to 1.13x, to kernels the rules would not pick). e4m3 activations
     # (w4a8_fp8, H100, empty DB, 8192^2): it won at M = 16, 128 and 1024,

@@ -177,12 +177,15 @@ def _rs_pick(rs: List[Config], kind: str, widened: bool, M: int, N: int, sms: in
     return min(rs, key=lambda c: _rs_score(c, M, N, sms, rows, cal.rs_staging_rows, deep, pairs128, widened))
 
 
-def _rs_from_m9(kind: str, N: int, sms: int, cal: hw.Calibration) -> bool:
+def _rs_from_m9(kind: str, N: int, K: int, sms: int, cal: hw.Calibration) -> bool:
     """Whether the heuristic takes the rs GEMM at M = 9-16 instead of the
     tensor-core GEMV: for the decodings that won there (hw.Calibration.rs_from_m9),
     on layers whose 64-row blocks fill enough of the SMs in one m-tile
-    (hw.Calibration.rs_from_m9_fill)."""
+    (hw.Calibration.rs_from_m9_fill; on short ones, rs_from_m9_short_k:
+    less)."""
     fill = cal.rs_from_m9_fill_of.get(kind, cal.rs_from_m9_fill)
+    if K <= cal.rs_from_m9_short_k:
+        fill = min(fill, cal.rs_from_m9_short_k_fill_of.get(kind, fill))
     return kind in cal.rs_from_m9 and -(-N // 64) >= fill * sms
 
 
@@ -233,7 +236,7 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     num = numerics(spec, fp8_mma=a.fp8_mma)
     tc = [c for c in cands if c.tc]
     rs = [c for c in cands if c.rs]                 # (only where rs_pickable)
-    if 9 <= M <= 16 and rs and _rs_from_m9(kind, N, sms, cal):
+    if 9 <= M <= 16 and rs and _rs_from_m9(kind, N, K, sms, cal):
         return _rs_pick(rs, kind, num.widen, M, N, sms, cal)
     dense_op = num.dense
     # Sub-byte codes widened for 8-bit activations on sm_90 (the rules

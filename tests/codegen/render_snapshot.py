@@ -1,5 +1,6 @@
 """Snapshot of the CUDA that ships: every kernel the shipped tuning DB names,
-and the heuristic's pick at the bench's M and shapes, rendered and hashed.
+and the heuristic's pick at the bench's M and shapes (of every shipped spec
+and of the execution spec it runs as), rendered and hashed.
 
     python3 tests/codegen/render_snapshot.py            # rewrite the snapshot
     python3 tests/codegen/render_snapshot.py --check    # compare, list the differences
@@ -32,6 +33,12 @@ def jobs(picks=None):
     from opgen.runtime import tuning_db
 
     specs = {name: load_spec(path) for name, path in shipped_specs().items()}
+    # ... and the execution specs opgen.load runs them as (the DB's records
+    # of those carry their names).
+    for spec in list(specs.values()):
+        for arch in ARCHES:
+            e = planner.execution_spec(spec, arch)
+            specs.setdefault(e.name, e)
     out = {}
     db = json.loads(Path(tuning_db.shipped_path()).read_text())
     for key, buckets in db["records"].items():

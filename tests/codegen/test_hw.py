@@ -120,6 +120,7 @@ def test_each_measured_constant_cites_its_evidence():
     fields = re.findall(r"^    (\w+)=", cal, re.M)
     assert set(fields) == {"gemv_bytes_in_flight", "tma_tile_speed", "predecode_m", "rs_regs",
                            "rs_verified", "rs_decode_rows", "rs_staging_rows", "rs_from_m9", "rs_from_m9_fill", "rs_from_m9_fill_of",
+                           "rs_from_m9_short_k_fill_of", "rs_from_m9_short_k",
                            "gemv_split_fill_warps", "rs_min_fill", "rs_rows64_max_m", "rs_pair_tables_128_deep",
                            "rs_predecode_m_of",
                            "rs_decode_rows_of", "rs_deep_kgroups",
