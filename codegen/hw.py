@@ -281,7 +281,10 @@ H200 = Calibration(
         # took over the configs without setmaxnreg, planned with the tables
         # above (none spilled): w2a16_g128 (2-bit pairs), bitnet_b158
         # (ternary, a float32 tensor scale) and bnb_nf4 (the 16-entry table,
-        # float32 scales per 64: 64-deep tiles only). Source: docs/performance.md#rs-gemm
+        # float32 scales per 64: 64-deep tiles only). The 2- and 1-bit
+        # execution layouts (each pair in a word's halves, no move) compile
+        # within them without spills (2026-12-07, the same test). Source:
+        # docs/performance.md#rs-gemm
         "magic/pairs": {(64, 16): 71, (64, 32): 79, (64, 64): 93, (64, 128): 127, (64, 256): 187,
                         (128, 16): 95, (128, 32): 95, (128, 64): 127, (128, 128): 161},
         "magic_cvt_scale/pairs": {(64, 16): 56, (64, 32): 64, (64, 64): 79, (64, 128): 119, (64, 256): 179,
