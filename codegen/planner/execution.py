@@ -47,8 +47,9 @@ class ExecutionLayout:
     row). int_container: sub-byte integer codes (1, 2 and 4 bits, ternary
     ones too) as words of this container in the interleaved order, each
     lane's pair of the rs GEMM in a word's two halves (one shift and one
-    lop3 a pair; other codes keep their container and order). byte_lanes: with 8-bit activations, sub-byte integer codes as int32 words
-    in the byte_lanes order (the GEMM widens them to the 8-bit type)."""
+    lop3 a pair; other codes keep their container and order). byte_lanes:
+    with 8-bit activations, sub-byte integer codes as int32 words in the
+    byte_lanes order (the GEMM widens them to the 8-bit type)."""
     rows_n: bool
     pack_k: bool
     int_container: Optional[str]
@@ -85,8 +86,7 @@ def _target(w: Weight, a_dtype: str, lay: ExecutionLayout) -> Weight:
     if lay.byte_lanes and a_dtype in A8_DTYPES and w.dtype in SUB_BYTE_INT_DTYPES:
         pack = Pack("int32", "k", byte_lanes(32 // code.bits))
     elif lay.int_container is not None and code.bits in (1, 2, 4) and code.kind in ("uint", "int", "ternary"):
-        P = CONTAINER_BITS[lay.int_container] // code.bits
-        pack = Pack(lay.int_container, "k", interleaved(P))
+        pack = Pack(lay.int_container, "k", interleaved(CONTAINER_BITS[lay.int_container] // code.bits))
     else:
         pack = dataclasses.replace(w.pack, axis="k" if lay.pack_k else w.pack.axis, planes=False)
     P = CONTAINER_BITS[pack.container] // code.bits
