@@ -193,9 +193,9 @@ class Calibration:
     rs_from_m9_fill: float = 0.85
     # rs_from_m9_fill of the kernels whose share differs (0: any layer).
     rs_from_m9_fill_of: Mapping[str, float] = field(default_factory=dict)
-    # The share that suffices for these kernels where K is at most
-    # rs_from_m9_short_k (each block's k-loop short: fewer blocks cost less
-    # than splitting K).
+    # rs_from_m9_fill of these kernels where K <= rs_from_m9_short_k (a
+    # short k-loop per block: fewer blocks than SMs still beat the
+    # tensor-core GEMV).
     rs_from_m9_short_k_fill_of: Mapping[str, float] = field(default_factory=dict)
     rs_from_m9_short_k: int = 0
     # rs_decode_rows of the rs GEMM kernels (planner.rs.kernel_class) whose
@@ -277,14 +277,15 @@ H200 = Calibration(
         # Four 128-deep k-groups of 32 rows and up do not fit. Source: docs/performance.md#rs-gemm
         "magic_int_zero/halves": {(64, 16): 91, (64, 32): 93, (64, 64): 107, (64, 128): 140, (64, 256): 205,
                                   (128, 16): 96, (128, 32): 127, (128, 64): 128, (128, 128): 167},
-        # The decodings of pairs moved into a word's halves: the most ptxas
-        # took over the configs without setmaxnreg, planned with the tables
-        # above (none spilled): w2a16_g128 (2-bit pairs), bitnet_b158
+        # The decodings of pairs (lower.rs_pairs), measured on the stored
+        # forms, whose pairs are moved into a word's halves first: the most
+        # ptxas took over the configs without setmaxnreg, planned with the
+        # tables above (none spilled): w2a16_g128 (2-bit pairs), bitnet_b158
         # (ternary, a float32 tensor scale) and bnb_nf4 (the 16-entry table,
-        # float32 scales per 64: 64-deep tiles only). The 2- and 1-bit
-        # execution layouts (each pair in a word's halves, no move) compile
-        # within them without spills (2026-12-07, the same test). Source:
-        # docs/performance.md#rs-gemm
+        # float32 scales per 64: 64-deep tiles only). The 2-bit, ternary and
+        # 1-bit execution layouts (each pair already in a word's halves)
+        # compile within them and magic_float_zero_minus_z's without spills
+        # (2026-12-07). Source: docs/performance.md#rs-gemm
         "magic/pairs": {(64, 16): 71, (64, 32): 79, (64, 64): 93, (64, 128): 127, (64, 256): 187,
                         (128, 16): 95, (128, 32): 95, (128, 64): 127, (128, 128): 161},
         "magic_cvt_scale/pairs": {(64, 16): 56, (64, 32): 64, (64, 64): 79, (64, 128): 119, (64, 256): 179,
@@ -372,8 +373,10 @@ H200 = Calibration(
     # They won at N = 5120 too (0.61 x the SMs: Qwen2.5-14B, tuned on an
     # H100) by 1.25x and 1.58x, and at N = 4608 (0.55 x: Qwen2.5-7B's fused
     # q / k / v, H100) by 1.35x, 1.45x and 1.65x (w4a16_sym, NF4, MXFP4);
-    # at N = 4096 and 1024 (0.48 x and below) the GEMV won 2 of 3 (the rule
-    # misses the third by 1.09x). Source: docs/performance.md#heuristic
+    # at N = 4096 and 1024 (0.48 x and below) the GEMV won 2 of 3 (the
+    # third, at 4096^2, went to the rs GEMM by 1.09x: since K <= 4096 there,
+    # rs_from_m9_short_k_fill_of below takes it). Source:
+    # docs/performance.md#heuristic
     rs_from_m9_fill=0.5,
     # Where K <= 4096, from 0.4 x the SMs for the integer and table
     # decodings: at N = K = 4096 and 3584 (0.48 and 0.42 x) their rs GEMM

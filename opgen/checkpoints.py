@@ -29,6 +29,7 @@ import numpy as np
 from .codegen import numerics as nx
 from .codegen.spec import (CONTAINER_BITS, NF4_TABLE, WEIGHT_CODES, Pack, Spec, codes_per_container,
                            stored_shapes)
+from .codegen.planner import EXECUTION_SUFFIX
 from .codegen.resolve import as_spec
 from .codegen.transcode import TranscodeError, transcode
 
@@ -125,14 +126,16 @@ def expected_tensors(spec: Spec, N: int, K: int) -> Dict[str, Tuple[Tuple[int, .
 def n_axes(spec: Spec) -> Dict[str, int]:
     """The axis of each of spec's stored tensors that grows with N (what
     QuantLinear.stacked joins along); ValueError naming a tensor that has
-    none (a tensor scale: one for every row)."""
+    none (a tensor scale: one for every row), and the spec the user holds
+    (an execution spec's is named after it)."""
     N, K = 64, 256 * 1024      # (every alignment rule holds at N and 2 N)
     at, twice = expected_tensors(spec, N, K), expected_tensors(spec, 2 * N, K)
     out = {}
     for name, (shape, _) in at.items():
         grows = [i for i, (a, b) in enumerate(zip(shape, twice[name][0])) if a != b]
         if len(grows) != 1:
-            raise ValueError(f"fuse: {spec.name}: its {name} tensor is one for the whole weight (no "
+            held = spec.name[:-len(EXECUTION_SUFFIX)] if spec.name.endswith(EXECUTION_SUFFIX) else spec.name
+            raise ValueError(f"fuse: {held}: its {name} tensor is one for the whole weight (no "
                              f"n axis), so stacked siblings cannot each keep their own")
         out[name] = grows[0]
     return out

@@ -209,7 +209,10 @@ def _shipped_definitions() -> Dict[str, Spec]:
         out[spec.name] = spec
         for arch in sorted(planner.LAYOUTS):
             e = planner.execution_spec(spec, arch)
-            out.setdefault(e.name, e)    # (every arch has the same layout today)
+            if out.setdefault(e.name, e).content_hash() != e.content_hash():
+                # (keys name no layout: archs whose layouts differed would
+                # make each other's records look stale)
+                raise RuntimeError(f"{e.name}: the execution spec differs between archs")
     return out
 
 
@@ -251,7 +254,8 @@ STALE = frozenset({NO_SOURCE_HASH, SPEC_CHANGED, SOURCE_CHANGED, BAD_CONFIG})
 
 
 def shipped_spec_hashes() -> Dict[str, str]:
-    """{spec name: content hash} of the specs shipped in opgen.specs."""
+    """{spec name: content hash} of the specs shipped in opgen.specs and of
+    their execution specs."""
     return {name: spec.content_hash() for name, spec in _shipped_definitions().items()}
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Tuple
 
 from .. import hw
 from ..spec import A8_DTYPES, CONTAINER_BITS, SUB_BYTE_INT_DTYPES, Pack, Spec, Weight, weight_code
@@ -24,7 +24,7 @@ def interleaved(P: int) -> Tuple[int, ...]:
     """The pack order whose field i and field i + P/2 hold elements 2i and
     2i + 1: each half-word shift exposes a pair of neighbours along k, which
     the magic-number decode turns into one half2 (0, 2, 4, 6, 1, 3, 5, 7 for
-    eight 4-bit codes; 0, 2, .., 14, 1, 3, .., 15 for sixteen 2-bit ones)."""
+    eight 4-bit codes; 0, 2, ..., 14, 1, 3, ..., 15 for sixteen 2-bit ones)."""
     return tuple(range(0, P, 2)) + tuple(range(1, P, 2))
 
 
@@ -44,26 +44,26 @@ class ExecutionLayout:
     rows_n: stored [N, K] (rows of the weight matrix, k contiguous): the row
     GEMV's coalesced walk along k and the TMA/rs GEMM's weight-row boxes.
     pack_k: sub-byte codes packed along k (each thread decodes codes of one
-    row). int_container: sub-byte integer codes (1, 2 and 4 bits, ternary
-    ones too) as words of this container in the interleaved order, each
-    lane's pair of the rs GEMM in a word's two halves (one shift and one
-    lop3 a pair; other codes keep their container and order). byte_lanes:
-    with 8-bit activations, sub-byte integer codes as int32 words in the
-    byte_lanes order (the GEMM widens them to the 8-bit type)."""
+    row). int_words: sub-byte integer codes (1, 2 and 4 bits, ternary ones
+    too) as int32 words in the interleaved order (other codes keep their
+    container and order). byte_lanes: with 8-bit activations, sub-byte
+    integer codes as int32 words in the byte_lanes order (the GEMM widens
+    them to the 8-bit type)."""
     rows_n: bool
     pack_k: bool
-    int_container: Optional[str]
+    int_words: bool
     byte_lanes: bool
 
 
 # Rows along n, codes packed along k, sub-byte integer codes as int32 words
 # in the interleaved order: what the rs GEMM (sm_90a) reads, and the pairs
 # the magic-number decode of the row GEMV and of the mma.sync GEMM take
-# whole (2- and 1-bit codes stored in sequence moved too: one shift and
-# lop3 a pair in the rs GEMM, not the two shifts, masks and or that join a
-# pair stored 8 or 16 codes apart; docs/performance.md#execution-layouts).
+# whole (2- and 1-bit codes stored in sequence hold each pair in
+# neighbouring fields, which the rs GEMM spreads over a word's halves with
+# two shifts, two masks and an or; here one shift and a lop3:
+# docs/performance.md#execution-layouts).
 # With 8-bit activations: their codes by byte lanes.
-ROWS_K_PAIRS = ExecutionLayout(True, True, "int32", byte_lanes=True)
+ROWS_K_PAIRS = ExecutionLayout(True, True, int_words=True, byte_lanes=True)
 LAYOUTS = {arch: ROWS_K_PAIRS for arch in hw.ARCHS}
 
 EXECUTION_SUFFIX = "_exec"
@@ -85,8 +85,8 @@ def _target(w: Weight, a_dtype: str, lay: ExecutionLayout) -> Weight:
         return t
     if lay.byte_lanes and a_dtype in A8_DTYPES and w.dtype in SUB_BYTE_INT_DTYPES:
         pack = Pack("int32", "k", byte_lanes(32 // code.bits))
-    elif lay.int_container is not None and code.bits in (1, 2, 4) and code.kind in ("uint", "int", "ternary"):
-        pack = Pack(lay.int_container, "k", interleaved(CONTAINER_BITS[lay.int_container] // code.bits))
+    elif lay.int_words and w.dtype in SUB_BYTE_INT_DTYPES:
+        pack = Pack("int32", "k", interleaved(32 // code.bits))
     else:
         pack = dataclasses.replace(w.pack, axis="k" if lay.pack_k else w.pack.axis, planes=False)
     P = CONTAINER_BITS[pack.container] // code.bits

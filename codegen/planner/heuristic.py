@@ -181,8 +181,8 @@ def _rs_from_m9(kind: str, N: int, K: int, sms: int, cal: hw.Calibration) -> boo
     """Whether the heuristic takes the rs GEMM at M = 9-16 instead of the
     tensor-core GEMV: for the decodings that won there (hw.Calibration.rs_from_m9),
     on layers whose 64-row blocks fill enough of the SMs in one m-tile
-    (hw.Calibration.rs_from_m9_fill; on short ones, rs_from_m9_short_k:
-    less)."""
+    (hw.Calibration.rs_from_m9_fill; where K <= rs_from_m9_short_k, the
+    smaller share in rs_from_m9_short_k_fill_of)."""
     fill = cal.rs_from_m9_fill_of.get(kind, cal.rs_from_m9_fill)
     if K <= cal.rs_from_m9_short_k:
         fill = min(fill, cal.rs_from_m9_short_k_fill_of.get(kind, fill))

@@ -178,8 +178,10 @@ def test_rs_gemm_sass_and_resources(name, kernel):
     (RS_REGS; with integer zero points its own) no config spills, in the
     deepest ring and the shallowest (the depth moves a register or two).
     AWQ in its execution layout: its zero points as AWQ packs them. The
-    decodes of other layouts (pairs moved into a word's halves; NF4's table;
-    float32 scales converted) likewise.
+    decodes of other layouts (2-bit, ternary and 1-bit in the interleaved
+    order, each pair already in a word's halves; fp8's and MXFP4's pairs
+    moved into a word's halves; NF4's table; float32 scales converted)
+    likewise.
     (kernel: the spec's rs_regs table, planner.rs.kernel_class.)"""
     s = planner.execution_spec(spec(name), "sm_90")
     assert planner.rs.kernel_class(s, "sm_90") == kernel + "/float16"
