@@ -406,7 +406,7 @@ def test_pair_table_gemv_sass(name):
 def test_cache_key_and_atomic_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
     s = spec("w4a16_sym_g128")
-    cfg = planner.heuristic(s, "sm_90", 16, 4096, 4096)
+    cfg = planner.heuristic(s, "sm_80", 16, 4096, 4096)      # (a config both archs compile)
     a = compiler.compile_kernel(s, cfg, "sm_90")
     files = sorted(p.name for p in (tmp_path / "cubin").iterdir())
     assert len([f for f in files if f.endswith(".cubin")]) == 1
