@@ -29,7 +29,7 @@ import numpy as np
 from .codegen import numerics as nx
 from .codegen.spec import (CONTAINER_BITS, NF4_TABLE, WEIGHT_CODES, Pack, Spec, codes_per_container,
                            stored_shapes)
-from .codegen.planner import EXECUTION_SUFFIX
+from .codegen.planner import held_name
 from .codegen.resolve import as_spec
 from .codegen.transcode import TranscodeError, transcode
 
@@ -134,8 +134,7 @@ def n_axes(spec: Spec) -> Dict[str, int]:
     for name, (shape, _) in at.items():
         grows = [i for i, (a, b) in enumerate(zip(shape, twice[name][0])) if a != b]
         if len(grows) != 1:
-            held = spec.name[:-len(EXECUTION_SUFFIX)] if spec.name.endswith(EXECUTION_SUFFIX) else spec.name
-            raise ValueError(f"fuse: {held}: its {name} tensor is one for the whole weight (no "
+            raise ValueError(f"fuse: {held_name(spec)}: its {name} tensor is one for the whole weight (no "
                              f"n axis), so stacked siblings cannot each keep their own")
         out[name] = grows[0]
     return out

@@ -200,20 +200,13 @@ def _shipped_definitions() -> Dict[str, Spec]:
     """{name: Spec} of the specs shipped in opgen.specs, and of the
     execution specs their kernels run (planner.execution_spec: what the
     tuner keys their records by)."""
-    out = {}
+    specs = []
     for path in shipped_specs().values():
         try:
-            spec = load_spec(path)
+            specs.append(load_spec(path))
         except Exception:            # a broken shipped spec is not the DB's business
             continue
-        out[spec.name] = spec
-        for arch in sorted(planner.LAYOUTS):
-            e = planner.execution_spec(spec, arch)
-            if out.setdefault(e.name, e).content_hash() != e.content_hash():
-                # (keys name no layout: archs whose layouts differed would
-                # make each other's records look stale)
-                raise RuntimeError(f"{e.name}: the execution spec differs between archs")
-    return out
+    return planner.with_execution_specs(specs)
 
 
 def definition_of(key: DBKey) -> Optional[Spec]:

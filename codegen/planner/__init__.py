@@ -12,7 +12,7 @@ into the typed `Launch` that render, build and the runtime read.
 in hw.py.
 """
 from .config import K_ALIGN, N_ALIGN, Config, PlanError, check_shape
-from .execution import EXECUTION_SUFFIX, LAYOUTS, execution_spec
+from .execution import EXECUTION_SUFFIX, LAYOUTS, execution_spec, held_name, with_execution_specs
 from .dequant import (DEQUANT, DEQUANT_8BIT, DEQUANT_KSPLIT, DEQUANT_THREADS, dense_twin,
                       dequant_config, stages)
 from .heuristic import gemv_fill, heuristic, predecode_from
@@ -26,7 +26,7 @@ from .tma import TMA_BLOCK_REGS, TMA_CONSUMER_REGS, TMA_DECODE_REGS, TMA_PRODUCE
 
 __all__ = [
     "K_ALIGN", "N_ALIGN", "Config", "PlanError", "check_shape",
-    "EXECUTION_SUFFIX", "LAYOUTS", "execution_spec",
+    "EXECUTION_SUFFIX", "LAYOUTS", "execution_spec", "held_name", "with_execution_specs",
     "DEQUANT", "DEQUANT_8BIT", "DEQUANT_KSPLIT", "DEQUANT_THREADS", "dense_twin", "dequant_config", "stages",
     "gemv_fill", "heuristic", "predecode_from",
     "Axis", "Family", "GridRule", "Launch", "TmaBoxes",

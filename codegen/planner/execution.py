@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Dict, Iterable, Tuple
 
 from .. import hw
 from ..spec import A8_DTYPES, CONTAINER_BITS, SUB_BYTE_INT_DTYPES, Pack, Spec, Weight, weight_code
@@ -116,3 +116,24 @@ def execution_spec(spec: Spec, arch: str) -> Spec:
     return dataclasses.replace(
         spec, name=spec.name + EXECUTION_SUFFIX, b=w,
         description=f"{spec.name} as its kernels read it on {arch} (docs/performance.md#execution-layouts)")
+
+
+def held_name(spec: Spec) -> str:
+    """The name of the spec the user holds: an execution spec's is its own
+    less EXECUTION_SUFFIX."""
+    return spec.name[:-len(EXECUTION_SUFFIX)] if spec.name.endswith(EXECUTION_SUFFIX) else spec.name
+
+
+def with_execution_specs(specs: Iterable[Spec]) -> Dict[str, Spec]:
+    """{name: spec} of specs and of the execution specs they run as on every
+    arch (what the tuner keys their records by). Their names carry no arch:
+    one that stood for two layouts would make each arch's records look
+    stale to the other's, so that is an error."""
+    out: Dict[str, Spec] = {}
+    for spec in specs:
+        out[spec.name] = spec
+        for arch in sorted(LAYOUTS):
+            e = execution_spec(spec, arch)
+            if out.setdefault(e.name, e).content_hash() != e.content_hash():
+                raise PlanError(f"{e.name}: the execution spec differs between archs")
+    return out

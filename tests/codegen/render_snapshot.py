@@ -32,13 +32,9 @@ def jobs(picks=None):
     from opgen.codegen import planner
     from opgen.runtime import tuning_db
 
-    specs = {name: load_spec(path) for name, path in shipped_specs().items()}
     # ... and the execution specs opgen.load runs them as (the DB's records
-    # of those carry their names).
-    for spec in list(specs.values()):
-        for arch in ARCHES:
-            e = planner.execution_spec(spec, arch)
-            specs.setdefault(e.name, e)
+    # of those carry their names)
+    specs = planner.with_execution_specs(load_spec(path) for path in shipped_specs().values())
     out = {}
     db = json.loads(Path(tuning_db.shipped_path()).read_text())
     for key, buckets in db["records"].items():

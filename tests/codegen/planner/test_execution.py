@@ -6,6 +6,8 @@ it is asked for; the formats stored otherwise land where the rs GEMM
 and the row GEMV read them."""
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,8 @@ from opgen.codegen import planner
 from opgen.codegen.canonical import spec_to_yaml_dict
 from opgen.codegen.errors import SpecErrors
 from opgen.codegen.lower import rs_pairs, weight_layout
-from opgen.codegen.planner.execution import EXECUTION_SUFFIX, LAYOUTS, execution_spec, interleaved
+from opgen.codegen.planner.execution import (EXECUTION_SUFFIX, LAYOUTS, execution_spec, held_name, interleaved,
+                                             with_execution_specs)
 from opgen.codegen.resolve import as_spec, shipped_specs
 from opgen.codegen.spec import Activation, Output, Pack, Spec
 from opgen.codegen.transcode import check_compatible
@@ -87,6 +90,23 @@ def test_2_and_1_bit_codes_stored_in_sequence_move_to_the_interleaved_order(name
 def test_specs_already_stored_for_the_kernels_are_their_own(name):
     s = as_spec(name)
     assert execution_spec(s, "sm_90") is s
+
+
+def test_the_specs_with_those_they_run_as():
+    """Each spec by its name and its execution spec by its own (one name
+    for one layout on every arch, else an error: DB keys carry no layout);
+    held_name goes back to the spec the user holds."""
+    specs = [as_spec("w2a16_g128"), as_spec("w4a16_sym_g128")]
+    out = with_execution_specs(specs)
+    assert list(out) == ["w2a16_g128", "w2a16_g128_exec", "w4a16_sym_g128"]
+    assert out["w2a16_g128_exec"].content_hash() == execution_spec(specs[0], "sm_90").content_hash()
+    assert [held_name(s) for s in out.values()] == ["w2a16_g128", "w2a16_g128", "w4a16_sym_g128"]
+    other = dict(LAYOUTS)
+    other["sm_80"] = dataclasses.replace(LAYOUTS["sm_80"], int_words=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("opgen.codegen.planner.execution.LAYOUTS", other)
+        with pytest.raises(planner.PlanError, match="gptq_v2_w4a16_g128_exec: the execution spec differs"):
+            with_execution_specs([as_spec("gptq_v2_w4a16_g128")])
 
 
 def test_an_unknown_arch_is_refused():
