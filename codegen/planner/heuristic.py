@@ -12,7 +12,7 @@ from ..spec import A8_DTYPES, Spec, weight_code
 from .config import Config, PlanError
 from .gemv import gemv_run, int_dot
 from .registry import blocks
-from .rs import kernel_class
+from .rs import RS_FULL_RING, kernel_class
 from .space import candidates
 
 
@@ -228,7 +228,8 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     cands = [c for c in candidates(spec, arch, M, N, K, sms)
              if c not in exclude and (pick_rs or not c.rs) and a8_pickable(spec, c, arch, M, N, K)
              and (cal.inflight_sums_verified or not c.inflight_sums)
-             and (not c.pair_table or M <= cal.rs_pair_tables.get(kind, 0))]
+             and (not c.pair_table or M <= cal.rs_pair_tables.get(kind, 0))
+             and (not c.rs or c.stages >= RS_FULL_RING or kind in cal.rs_shallow_rings)]
     if not cands:
         raise PlanError(f"{spec.name}: no kernel configuration fits M={M} N={N} K={K} on {arch}"
                         + (f" besides the {len(exclude)} excluded" if exclude else ""))

@@ -19,7 +19,11 @@ from .tma import TMA_PRODUCER_REGS, boxes, consumer_regs, stored_rows_ok
 RS_TILES_M = (16, 32, 64, 128, 256)
 RS_TILES_N = (64, 128)
 RS_TILES_K = (64, 128)       # 256 measured slower than 128 at M = 16 / 64 / 128 (docs/performance.md#rs-gemm)
-RS_STAGES = (4, 6, 8, 12)
+RS_STAGES = (3, 4, 6, 8, 12)
+# Rings shallower than this only where it does not fit in shared memory
+# (1-bit codes' 128-deep, 256-row tiles: 64 KiB of activations a stage;
+# docs/performance.md#rs-gemm).
+RS_FULL_RING = 4
 # How the rs GEMM turns a lane's pair of codes into a fragment register
 # (lower.decode_plan's methods it has).
 RS_DECODES = ("magic", "fp4", "table", "pair_table", "e4m3", "e5m2")
@@ -220,6 +224,10 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     table = PAIR_TABLE_BYTES if cfg.pair_table else 0      # (static, beside the dynamic part)
     if smem + table + STATIC_SMEM_RESERVE > a.smem_per_block:
         raise PlanError(f"{smem + table} bytes of shared memory > {a.smem_per_block} on {a.name}")
+    full = max(RS_FULL_RING * (a_tile + w_tile), red) + 1024 + table + STATIC_SMEM_RESERVE
+    if cfg.stages < RS_FULL_RING and full <= a.smem_per_block:
+        raise PlanError(f"rings shallower than {RS_FULL_RING} stages only for tiles whose "
+                        f"{RS_FULL_RING}-deep ring does not fit")
     consumers = cfg.BN // 64 * cfg.kgroups
     cal = hw.calibration(a.name)
     need = cal.rs_regs.get(d["kernel"], {}).get((cfg.BK, cfg.BM))

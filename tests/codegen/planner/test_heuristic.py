@@ -340,6 +340,23 @@ def test_inflight_sums_where_verified(monkeypatch):
         assert not plain.inflight_sums and (plain.BM, plain.BN) == (c.BM, c.BN), (M, plain.name)
 
 
+def test_shallow_rings_where_verified(monkeypatch):
+    """The rs GEMM's 3-deep rings (1-bit codes' 256-row tiles, where no
+    4-deep ring fits): candidates the tuner times, the heuristic's picks only
+    for a decoding in hw.Calibration.rs_shallow_rings (checked and timed on
+    the device)."""
+    s = planner.execution_spec(spec("w1a16_g128"), "sm_90")
+    kind = planner.rs.kernel_class(s, "sm_90")
+    for M in (256, 1024):
+        assert any(c.rs and c.stages < planner.rs.RS_FULL_RING for c in planner.candidates(s, "sm_90", M, 8192, 8192))
+        monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, rs_shallow_rings=frozenset()))
+        assert planner.heuristic(s, "sm_90", M, 8192, 8192).stages >= planner.rs.RS_FULL_RING
+        monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, rs_shallow_rings=frozenset({kind})))
+        c = planner.heuristic(s, "sm_90", M, 8192, 8192)
+        assert c.rs and c.BM == 256 and c.stages < planner.rs.RS_FULL_RING, c.name
+        monkeypatch.undo()
+
+
 def test_pair_tables_where_verified(monkeypatch):
     """NF4's and MXFP4's pair-table rs GEMMs: the heuristic takes one for
     a decoding listed in hw.Calibration.rs_pair_tables (checked and timed

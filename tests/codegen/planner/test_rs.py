@@ -37,6 +37,17 @@ def test_rs_gemm_rules():
         planner.geometry(w1, c, "sm_90")
     # float zero points and q * s - z (w1a16), 128-deep tiles
     assert planner.geometry(spec("w1a16_g128"), dataclasses.replace(c, BK=128), "sm_90")["rs"]
+    # 1-bit codes' 256-row tiles: 64 KiB of activations a stage, so a 3-deep
+    # ring (no 4-deep one fits); 3 stages nowhere a 4-deep ring fits
+    tall = dataclasses.replace(c, BM=256, WN=256, BK=128, kgroups=1, stages=3)
+    assert planner.geometry(spec("w1a16_g128"), tall, "sm_90")["smem"] > 3 * 64 * 1024
+    with pytest.raises(planner.PlanError, match="shared memory"):
+        planner.geometry(spec("w1a16_g128"), dataclasses.replace(tall, stages=4), "sm_90")
+    with pytest.raises(planner.PlanError, match="shallower than 4"):
+        planner.geometry(spec("w1a16_g128"), dataclasses.replace(tall, BM=128, WN=128), "sm_90")
+    w1_tall = {(x.BN, x.stages) for x in planner.candidates(planner.execution_spec(spec("w1a16_g128"), "sm_90"),
+                                                             "sm_90", 1024, 8192, 8192) if x.rs and x.BM == 256}
+    assert w1_tall == {(64, 3), (128, 3)}
     with pytest.raises(planner.PlanError, match="sm_90a"):
         planner.geometry(spec("w4a16_sym_g128"), c, "sm_80")
     for bad, why in ((dict(split_k=2), "split_k 1"), (dict(kgroups=3), "k-groups"),
