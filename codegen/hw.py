@@ -287,22 +287,30 @@ H200 = Calibration(
         # ptxas took over the configs without setmaxnreg, planned with the
         # tables above (none spilled): w2a16_g128 (2-bit pairs), bitnet_b158
         # (ternary, a float32 tensor scale) and bnb_nf4 (the 16-entry table,
-        # float32 scales per 64: 64-deep tiles only). The 2-bit, ternary and
-        # 1-bit execution layouts (each pair already in a word's halves)
-        # compile within them and magic_float_zero_minus_z's without spills
-        # (2026-12-07). Source: docs/performance.md#rs-gemm
+        # float32 scales per 64: 64-deep tiles only). The 2-bit execution
+        # layout (each pair already in a word's halves) compiles within
+        # magic/halves' table and is planned by it.
+        # Source: docs/performance.md#rs-gemm
         "magic/pairs": {(64, 16): 71, (64, 32): 79, (64, 64): 93, (64, 128): 127, (64, 256): 187,
                         (128, 16): 95, (128, 32): 95, (128, 64): 127, (128, 128): 161},
         "magic_cvt_scale/pairs": {(64, 16): 56, (64, 32): 64, (64, 64): 79, (64, 128): 119, (64, 256): 179,
                                   (128, 16): 79, (128, 32): 89, (128, 64): 105, (128, 128): 155},
+        # The ternary and 1-bit execution layouts (each pair in a word's
+        # halves; planner.execution): the same measure, 2026-12-07, but at
+        # ternary's (128, 64) and 1-bit's (128, 32) the stored forms' figure
+        # (105, 125: ptxas took 96 at both), which keeps four 128-deep MMA
+        # warpgroups there out of the plan, as when the GPU checked them.
+        "magic_cvt_scale/halves": {(64, 16): 55, (64, 32): 63, (64, 64): 78, (64, 128): 115, (64, 256): 174,
+                                   (128, 16): 76, (128, 32): 80, (128, 64): 105, (128, 128): 128},
         # w1a16_g128 (1-bit, float zero points, q * s - z; 128-deep tiles:
         # 16 bytes a row): as at magic_int_zero's (128, 16), every config
-        # fits four warpgroups' cap of 96 (it takes 117 where it may). Its
-        # 256-row tiles (a 3-deep ring: planner.rs.RS_STAGES): 235 in one MMA
-        # warpgroup, where nothing caps it; two fit the producer warpgroup's
-        # split (232 each) without spills.
-        "magic_float_zero_minus_z/pairs": {(128, 16): 96, (128, 32): 125, (128, 64): 127, (128, 128): 167,
-                                           (128, 256): 232},
+        # fits four warpgroups' cap of 96 (it takes 117 where it may).
+        "magic_float_zero_minus_z/pairs": {(128, 16): 96, (128, 32): 125, (128, 64): 127, (128, 128): 167},
+        # Its execution layout; its 256-row tiles (a 3-deep ring:
+        # planner.rs.RS_STAGES) take 235 in one MMA warpgroup, where nothing
+        # caps it; two fit the producer warpgroup's split (232 each) without spills.
+        "magic_float_zero_minus_z/halves": {(128, 16): 95, (128, 32): 125, (128, 64): 127, (128, 128): 167,
+                                            (128, 256): 232},
         # fp8_e4m3_w8a16 (one code a byte: lanes 0-1 in one word, 2-3 in the next).
         "e4m3_cvt_scale/pairs": {(64, 16): 69, (64, 32): 79, (64, 64): 90, (64, 128): 122, (64, 256): 185,
                                  (128, 16): 95, (128, 32): 96, (128, 64): 117, (128, 128): 144},
@@ -344,7 +352,10 @@ H200 = Calibration(
                            # specs at odd M, N, K on an H100 (docs/performance.md#rs-gemm);
                            # for e4m3 ones (w4a8_fp8) likewise
                            "widen/bytes/int8", "widen_int_zero_group/bytes/int8",
-                           "widen_e4m3_group/bytes/float8_e4m3"}),
+                           "widen_e4m3_group/bytes/float8_e4m3",
+                           # ternary and 1-bit codes in their execution layouts: every
+                           # config at odd M, N, K on an H100 (docs/performance.md#execution-layouts)
+                           "magic_cvt_scale/halves/float16", "magic_float_zero_minus_z/halves/float16"}),
     # Fitted to the tuned records (the rs specs at the bench's and
     # Llama-3-8B's shapes): with it the heuristic's rs tile is the winner's
     # in 132 of the shipped DB's 143 rs records; 32-256 do nearly as well, 0
@@ -377,6 +388,7 @@ H200 = Calibration(
                           "table_cvt_scale/pairs/float16", "fp4_cvt_scale/pairs/float16",
                           "e4m3_cvt_scale/pairs/float16", "magic_float_zero_minus_z/pairs/float16",
                           "magic/pairs/float16", "magic_cvt_scale/pairs/float16",
+                          "magic_cvt_scale/halves/float16", "magic_float_zero_minus_z/halves/float16",
                           "widen/bytes/int8", "widen_int_zero_group/bytes/int8",
                           "widen_e4m3_group/bytes/float8_e4m3"}),
     # They won at N = 5120 too (0.61 x the SMs: Qwen2.5-14B, tuned on an
@@ -397,7 +409,8 @@ H200 = Calibration(
     rs_from_m9_short_k_fill_of={k: 0.4 for k in (
         "magic/halves/float16", "magic_int_zero/halves/float16", "table_cvt_scale/pairs/float16",
         "fp4_cvt_scale/pairs/float16", "magic_float_zero_minus_z/pairs/float16",
-        "magic/pairs/float16", "magic_cvt_scale/pairs/float16")},
+        "magic/pairs/float16", "magic_cvt_scale/pairs/float16", "magic_cvt_scale/halves/float16",
+        "magic_float_zero_minus_z/halves/float16")},
     rs_from_m9_short_k=4096,
     # The widened codes' rs GEMM on every layer (above: where it lost, by
     # up to 1.13x, to kernels the rules would not pick). e4m3 activations
@@ -437,10 +450,13 @@ H200 = Calibration(
     # w4a16_sym's rs GEMM (magic/halves) won 7 of its 8 H200 records at M =
     # 4096, 1.01-1.21x over the heuristic's predecode pick (median 1.09x;
     # predecode won 14336 x 57344); GPTQ's (magic_int_zero/halves) 6 of 10,
-    # the other decodings none: from 8192 for it (the runtime's bucket M
-    # never reaches it), 2048 for them.
+    # the stored forms' other decodings none: from 8192 for it (the
+    # runtime's bucket M never reaches it), 2048 for them. In their
+    # execution layouts 2-bit codes (magic/halves too) and ternary ones won
+    # all 5 of their H100 records each at M = 4096 (five shapes; 1.01-1.13x
+    # and 1.06-1.11x over predecode), 1-bit codes none.
     # Source: docs/performance.md#predecode
-    rs_predecode_m_of={"magic/halves/float16": 8192},
+    rs_predecode_m_of={"magic/halves/float16": 8192, "magic_cvt_scale/halves/float16": 8192},
     # NF4's blocks of 64 weight rows and <= 64 rows of M on grids under one
     # wave: four k-groups won all 13 such records (12 stages in 9, 8 in 4),
     # 1.10-1.17x over the two of 8 picked before where the H100 timed both;

@@ -502,3 +502,9 @@ def rs_byte_pairs(pairs) -> Optional[bool]:
 # word 2 ks + h, bits 4q and 16 + 4q (the rs GEMM's first and fastest decode).
 def rs_pairs_are_interleaved4(pairs) -> bool:
     return all(p == RsPair(2 * ks + h, 0, 4, 16) for ks, hs in enumerate(pairs) for h, p in enumerate(hs))
+
+
+def rs_pairs_in_halves(pairs) -> bool:
+    """Whether every lane's pair is in one word's two halves (gap 16: one
+    shift and one lop3 a pair, as in the interleaved order of any width)."""
+    return all(p.gap == 16 and p.split == 4 for hs in pairs for p in hs)

@@ -7,7 +7,8 @@ from typing import Dict, Optional
 
 from .. import hw
 from ..lower import (PAIR_TABLE_BYTES, Decode, Layout, Numerics, decode_plan, numerics, pair_table_ok,
-                     rs_byte_pairs, rs_pairs, rs_pairs_are_interleaved4, weight_layout, zero_sub_bits)
+                     rs_byte_pairs, rs_pairs, rs_pairs_are_interleaved4, rs_pairs_in_halves, weight_layout,
+                     zero_sub_bits)
 from ..spec import WEIGHT_CODES, Spec
 from .config import Config, PlanError
 from .gemm import check_byte_lanes, grid
@@ -35,8 +36,9 @@ def rs_kernel(num: Numerics, dec: Decode, int_zero: bool, pairs) -> str:
     """"decode/fetch", the name of an rs GEMM kernel's decoding in
     hw.Calibration.rs_regs and .rs_verified. decode: the method, with
     integer zero points and with scales to convert marked; fetch "halves":
-    4-bit codes in the interleaved order (pair q of each word in its two
-    halves), "pairs": any other layout lower.rs_pairs reads."""
+    each lane's pair in a word's two halves (the interleaved int32 orders of
+    the execution layouts: planner.execution), "pairs": any other layout
+    lower.rs_pairs reads."""
     decode = dec.method + ("_int_zero" if int_zero else "_float_zero" if num.zero_kind == "float" else "")
     if dec.method == "pair_table" and num.code_kind != "table":
         decode += "_" + num.code_kind              # (e2m1's e8m0 scales per 32: more registers)
@@ -44,7 +46,7 @@ def rs_kernel(num: Numerics, dec: Decode, int_zero: bool, pairs) -> str:
         decode += "_minus_z"                       # q * s - z
     if not (num.scale_native or num.scale_gran is None):
         decode += "_cvt_scale"
-    return f"{decode}/{'halves' if rs_pairs_are_interleaved4(pairs) else 'pairs'}"
+    return f"{decode}/{'halves' if rs_pairs_in_halves(pairs) else 'pairs'}"
 
 
 def _int_zero(num: Numerics, dec: Decode) -> bool:

@@ -163,10 +163,13 @@ def _rs_rings(s, keep) -> dict:
                                          ("gptq_v1_w4a16_g128_repacked", "magic_int_zero/halves"),
                                          ("gptq_v2_w4a16_g128_repacked", "magic_int_zero/halves"),
                                          ("awq_w4a16_g128", "magic_int_zero/halves"),
-                                         ("w2a16_g128", "magic/pairs"),
-                                         ("bitnet_b158", "magic_cvt_scale/pairs"),
+                                         ("w2a16_g128", "magic/halves"),
+                                         ("w2a16_g128@stored", "magic/pairs"),
+                                         ("bitnet_b158", "magic_cvt_scale/halves"),
+                                         ("bitnet_b158@stored", "magic_cvt_scale/pairs"),
                                          ("bnb_nf4", "table_cvt_scale/pairs"),
-                                         ("w1a16_g128", "magic_float_zero_minus_z/pairs"),
+                                         ("w1a16_g128", "magic_float_zero_minus_z/halves"),
+                                         ("w1a16_g128@stored", "magic_float_zero_minus_z/pairs"),
                                          ("fp8_e4m3_w8a16", "e4m3_cvt_scale/pairs"),
                                          ("mxfp4", "fp4_cvt_scale/pairs")])
 def test_rs_gemm_sass_and_resources(name, kernel):
@@ -179,11 +182,13 @@ def test_rs_gemm_sass_and_resources(name, kernel):
     deepest ring and the shallowest (the depth moves a register or two).
     AWQ in its execution layout: its zero points as AWQ packs them. The
     decodes of other layouts (2-bit, ternary and 1-bit in the interleaved
-    order, each pair already in a word's halves; fp8's and MXFP4's pairs
-    moved into a word's halves; NF4's table; float32 scales converted)
-    likewise.
-    (kernel: the spec's rs_regs table, planner.rs.kernel_class.)"""
-    s = planner.execution_spec(spec(name), "sm_90")
+    order, each pair already in a word's halves, and as stored, where
+    their pairs are moved there first; fp8's and MXFP4's pairs moved into a
+    word's halves; NF4's table; float32 scales converted) likewise.
+    (name: the spec, in its execution layout unless "@stored"; kernel: its
+    rs_regs table, planner.rs.kernel_class.)"""
+    name, _, form = name.partition("@")
+    s = spec(name) if form == "stored" else planner.execution_spec(spec(name), "sm_90")
     assert planner.rs.kernel_class(s, "sm_90") == kernel + "/float16"
     table = planner.RS_REGS[kernel]
     # (pair tables: test_rs_pair_table_sass_and_resources)
@@ -196,7 +201,7 @@ def test_rs_gemm_sass_and_resources(name, kernel):
            and bk * weight_code(s.b).bits % 128 == 0 and any(key[0] == bk for key in table)}
     assert len(deepest) >= 10 and {c.BK for c in deepest} == bks
     # (the setmaxnreg split is exercised: by the 4-bit kernels at least)
-    assert not kernel.endswith("/halves") or any(planner.geometry(s, c, "sm_90")["regs"] for c in deepest)
+    assert not (kernel.endswith("/halves") and weight_code(s.b).bits == 4) or any(planner.geometry(s, c, "sm_90")["regs"] for c in deepest)
     for cfg in deepest:
         _check_sm90_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
         log = compiler.compile_kernel(s, cfg, "sm_90").log

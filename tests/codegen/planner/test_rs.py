@@ -40,13 +40,13 @@ def test_rs_gemm_rules():
     # 1-bit codes' 256-row tiles: 64 KiB of activations a stage, so a 3-deep
     # ring (no 4-deep one fits); 3 stages nowhere a 4-deep ring fits
     tall = dataclasses.replace(c, BM=256, WN=256, BK=128, kgroups=1, stages=3)
-    assert planner.geometry(spec("w1a16_g128"), tall, "sm_90")["smem"] > 3 * 64 * 1024
+    w1x = planner.execution_spec(spec("w1a16_g128"), "sm_90")
+    assert planner.geometry(w1x, tall, "sm_90")["smem"] > 3 * 64 * 1024
     with pytest.raises(planner.PlanError, match="shared memory"):
-        planner.geometry(spec("w1a16_g128"), dataclasses.replace(tall, stages=4), "sm_90")
+        planner.geometry(w1x, dataclasses.replace(tall, stages=4), "sm_90")
     with pytest.raises(planner.PlanError, match="shallower than 4"):
-        planner.geometry(spec("w1a16_g128"), dataclasses.replace(tall, BM=128, WN=128), "sm_90")
-    w1_tall = {(x.BN, x.stages) for x in planner.candidates(planner.execution_spec(spec("w1a16_g128"), "sm_90"),
-                                                             "sm_90", 1024, 8192, 8192) if x.rs and x.BM == 256}
+        planner.geometry(w1x, dataclasses.replace(tall, BM=128, WN=128), "sm_90")
+    w1_tall = {(x.BN, x.stages) for x in planner.candidates(w1x, "sm_90", 1024, 8192, 8192) if x.rs and x.BM == 256}
     assert w1_tall == {(64, 3), (128, 3)}
     with pytest.raises(planner.PlanError, match="sm_90a"):
         planner.geometry(spec("w4a16_sym_g128"), c, "sm_80")
@@ -69,6 +69,12 @@ def test_rs_gemm_rules():
         "mxfp4": "fp4_cvt_scale/pairs", "w4a8_int8": "widen/bytes", "bitnet_b158_a8": "widen/bytes",
         "int8_int4_int32": "widen/bytes", "w4a8_int8_g128": "widen_int_zero_group/bytes",
         "w4a8_fp8": "widen_e4m3_group/bytes"}
+    # in their execution layouts each lane's pair is in a word's halves
+    exec_kind = {n: planner.rs.kernel_class(planner.execution_spec(spec(n), "sm_90"), "sm_90").rsplit("/", 1)[0]
+                 for n in ("w2a16_g128", "bitnet_b158", "w1a16_g128", "gptq_v2_w4a16_g128", "awq_w4a16_g128")}
+    assert exec_kind == {"w2a16_g128": "magic/halves", "bitnet_b158": "magic_cvt_scale/halves",
+                         "w1a16_g128": "magic_float_zero_minus_z/halves",
+                         "gptq_v2_w4a16_g128": "magic_int_zero/halves", "awq_w4a16_g128": "magic_int_zero/halves"}
     # scale groups shorter than a k-tile: several scales a row and tile
     # (MXFP4's 32), but not in the 4-bit interleaved kernels run on the device
     assert planner.geometry(spec("mxfp4"), dataclasses.replace(c, BK=128), "sm_90")["spt"] == 4
