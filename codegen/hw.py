@@ -270,7 +270,9 @@ H200 = Calibration(
     predecode_m={"no_fused_wgmma": 256, "zero_points": 256, "other": 512, "rs_gemm": 2048,
                  "widened_a8": 2048, "rs_widened_a8": 16384},
     # The most ptxas gave w4a16_sym over blocks, ring depths and k-groups
-    # (tests/codegen/test_compiler.py keeps these upper bounds true).
+    # (tests/codegen/test_compiler.py keeps these upper bounds true; 2-bit
+    # codes in their execution layout, of the same class, took up to 3 more
+    # at (64, 128), (128, 64) and (128, 128), under the same launch caps).
     # Source: docs/performance.md#rs-gemm
     rs_regs={
         "magic/halves": {(64, 16): 72, (64, 32): 82, (64, 64): 96, (64, 128): 125, (64, 256): 185,

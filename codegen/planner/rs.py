@@ -222,12 +222,13 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
     w_tile = -(-cfg.BN * d["w_rowb"] // 1024) * 1024
     # The k-groups' partial sums meet in shared memory once the ring is drained.
     red = (cfg.kgroups - 1) * (cfg.BN // 64) * 128 * (cfg.BM // 2) * 4
-    smem = max(cfg.stages * (a_tile + w_tile), red) + 1024
+    def ring(stages: int) -> int:
+        return max(stages * (a_tile + w_tile), red) + 1024
+    smem = ring(cfg.stages)
     table = PAIR_TABLE_BYTES if cfg.pair_table else 0      # (static, beside the dynamic part)
     if smem + table + STATIC_SMEM_RESERVE > a.smem_per_block:
         raise PlanError(f"{smem + table} bytes of shared memory > {a.smem_per_block} on {a.name}")
-    full = max(RS_FULL_RING * (a_tile + w_tile), red) + 1024 + table + STATIC_SMEM_RESERVE
-    if cfg.stages < RS_FULL_RING and full <= a.smem_per_block:
+    if cfg.stages < RS_FULL_RING and ring(RS_FULL_RING) + table + STATIC_SMEM_RESERVE <= a.smem_per_block:
         raise PlanError(f"rings shallower than {RS_FULL_RING} stages only for tiles whose "
                         f"{RS_FULL_RING}-deep ring does not fit")
     consumers = cfg.BN // 64 * cfg.kgroups
