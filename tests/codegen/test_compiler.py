@@ -201,7 +201,8 @@ def test_rs_gemm_sass_and_resources(name, kernel):
            and bk * weight_code(s.b).bits % 128 == 0 and any(key[0] == bk for key in table)}
     assert len(deepest) >= 10 and {c.BK for c in deepest} == bks
     # (the setmaxnreg split is exercised: by the 4-bit kernels at least)
-    assert not (kernel.endswith("/halves") and weight_code(s.b).bits == 4) or any(planner.geometry(s, c, "sm_90")["regs"] for c in deepest)
+    four_bit_halves = kernel.endswith("/halves") and weight_code(s.b).bits == 4
+    assert not four_bit_halves or any(planner.geometry(s, c, "sm_90")["regs"] for c in deepest)
     for cfg in deepest:
         _check_sm90_kernel(s, cfg, forbidden="LDL|STL|LDGSTS")
         log = compiler.compile_kernel(s, cfg, "sm_90").log
