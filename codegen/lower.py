@@ -66,6 +66,7 @@ class Numerics:
     a_decode: bool           # activations widened (fp8 -> fp16) in shared memory
     a_row_scale: bool        # the epilogue multiplies row m by a_scale[m]
     scale_dtype: Optional[str]
+    scale_t: Optional[str]        # its CUDA type
     scale_native: bool            # scales stored in compute_t (the rs GEMM loads them as they are)
     scale_gran: Optional[str]     # group | channel | tensor | None
     scale_layout: str
@@ -148,6 +149,7 @@ def numerics(spec: Spec, fp8_mma: bool = True, a_to_f16: bool = False) -> Numeri
         a_decode=mma != a.dtype,
         a_row_scale=a.scale == "row" and not to_f16,
         scale_dtype=s.dtype if s else None,
+        scale_t=CUDA_TYPES[s.dtype] if s else None,
         scale_native=bool(s) and mma in ("float16", "bfloat16") and s.dtype == mma,
         scale_gran=s.granularity if s else None,
         scale_layout=s.layout if s else "kn",

@@ -122,7 +122,7 @@ def test_each_measured_constant_cites_its_evidence():
                            "rs_verified", "rs_decode_rows", "rs_staging_rows", "rs_from_m9", "rs_from_m9_fill", "rs_from_m9_fill_of",
                            "rs_from_m9_short_k_fill_of", "rs_from_m9_short_k",
                            "gemv_split_fill_warps", "rs_min_fill", "rs_rows64_max_m", "rs_pair_tables_128_deep",
-                           "rs_predecode_m_of",
+                           "rs_predecode_m_of", "rs_shallow_rings",
                            "rs_decode_rows_of", "rs_deep_kgroups",
                            "gemv_no_prefetch", "int8_gemv_max_m", "a8_gemv_max_m", "a8_verified",
                            "inflight_sums_verified", "rs_pair_tables", "widened_waves_max_m",

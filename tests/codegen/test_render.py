@@ -87,6 +87,27 @@ def test_widened_rs_gemm_has_no_probes():
         render.render(s, cfg, "sm_90", probes=frozenset({"no_mma"}))
 
 
+@pytest.mark.parametrize("name,raw", [("bnb_nf4", "float"), ("mxfp4", "uint8_t"), ("w4a16_sym_g128", None)])
+def test_rs_gemm_converts_group_scales_where_it_uses_them(name, raw):
+    """Group scales stored in another type than the compute type (NF4's
+    fp32, MXFP4's e8m0) stay in the rs GEMM's slots as loaded and are
+    converted when a unit takes them, two units later: not beside the
+    load, where the conversion would wait for it. fp16 scales are loaded as
+    they are."""
+    s = as_spec(name)
+    cfg = planner.heuristic(s, "sm_90", 16, 8192, 8192)
+    assert cfg.rs
+    src = render.render(s, cfg, "sm_90")[0]
+    body = src[src.index("__global__"):]
+    if raw is None:
+        assert "scale_raw_t" not in src and "cT fa[2]" in body
+        return
+    assert f"typedef {raw} scale_raw_t;" in src
+    assert "scale_raw_t fa[2]" in body and "load_scale_ct(" not in body
+    unit = body[body.index("auto unit = "):]
+    assert unit.index("sa[j] = scale_pair(fa_u[j]);") < unit.index("fa_u[j] = load_scale_raw(")
+
+
 # The first place each kind reads the previous kernel's output (activations)
 # or writes: the kernel's pdl_wait() must come before it.
 FIRST_DEPENDENT = {
