@@ -9,6 +9,9 @@ the 16/8/4-byte global loads (`LDG.E[.128|.64]`, .CONSTANT or not) minus the
 activation loads, told apart here by counting weight vectors from the source
 side: weights per loop trip = weight loads x vector elements. Prints
 instructions per trip, per 16-byte weight vector and per weight, by class.
+wgmma configs (the rs GEMM's, e.g. --M 16 --config gemm_16x64x128_w64x16_p12_s1_wg_tma_rs4):
+the loop with the most wgmma instead, its instructions per 128 k (k16 a
+HGMMA, k32 an IGMMA or QGMMA), by class.
 """
 from __future__ import annotations
 
@@ -84,6 +87,27 @@ def classify(op: str) -> str:
     return "other"
 
 
+WGMMA_K = {"HGMMA": 16, "IGMMA": 32, "QGMMA": 32}      # k of one wgmma (16- / 8-bit operands)
+
+
+def mma_loop(ins, labels, row: dict) -> dict:
+    """The loop issuing the most wgmma: instructions per trip and per 128 k,
+    and per 128 k by class."""
+    best = None
+    for (a, b) in loops(ins, labels):
+        k = sum(WGMMA_K.get(op.split(".")[0], 0) for _, op, _ in ins[a:b + 1])
+        if k and (best is None or k > best[2]):
+            best = (a, b, k)
+    if best is None:
+        return dict(row, loop="none")
+    a, b, k = best
+    body = ins[a:b + 1]
+    per = 128 / k
+    cls = Counter(classify(op) for _, op, _ in body)
+    return dict(row, loop_ins=len(body), k=k, per_128k=round(len(body) * per),
+                classes={k: round(v * per) for k, v in cls.most_common()})
+
+
 def report(name: str, M: int, N: int, K: int, arch: str, config: str | None = None) -> dict:
     s = load_spec(shipped_specs()[name])
     if config:
@@ -92,6 +116,9 @@ def report(name: str, M: int, N: int, K: int, arch: str, config: str | None = No
         cfg = planner.heuristic(s, arch, M, N, K)
     c = compiler.compile_kernel(s, cfg, arch)
     ins, labels = parse(compiler.disassemble(c.cubin))
+    row = dict(spec=name, config=cfg.name, **{k: c.resources.get(k) for k in ("registers", "spill_bytes")})
+    if cfg.wgmma:
+        return mma_loop(ins, labels, row)
     vec = vector(weight_layout(s), cfg.vbytes)
     per_vec = vec.nrows * vec.ncols
     streamed = "ldg16_stream" in c.source or "ldg4_stream" in c.source
@@ -101,7 +128,6 @@ def report(name: str, M: int, N: int, K: int, arch: str, config: str | None = No
         n = sum(1 for i in wl if a <= i <= b)
         if n and (best is None or n > best[2] or (n == best[2] and b - a < best[1] - best[0])):
             best = (a, b, n)
-    row = dict(spec=name, config=cfg.name, **{k: c.resources.get(k) for k in ("registers", "spill_bytes")})
     if best is None:
         row.update(loop="none")
         return row
@@ -133,7 +159,7 @@ def main(argv=None):
         cls = r.pop("classes", {})
         print("  ".join(f"{k}={v}" for k, v in r.items()))
         if cls:
-            print("    per weight:", ", ".join(f"{k} {v}" for k, v in cls.items()))
+            print("    per 128 k:" if "per_128k" in r else "    per weight:", ", ".join(f"{k} {v}" for k, v in cls.items()))
 
 
 if __name__ == "__main__":

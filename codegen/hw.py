@@ -316,24 +316,25 @@ H200 = Calibration(
         # fp8_e4m3_w8a16 (one code a byte: lanes 0-1 in one word, 2-3 in the next).
         "e4m3_cvt_scale/pairs": {(64, 16): 69, (64, 32): 79, (64, 64): 90, (64, 128): 122, (64, 256): 185,
                                  (128, 16): 95, (128, 32): 96, (128, 64): 117, (128, 128): 144},
-        # mxfp4 (e2m1, e8m0 scales per 32: two or four a row and k-tile, held
-        # as the loaded bytes until a unit converts them; 2026-12-07).
-        "fp4_cvt_scale/pairs": {(64, 16): 69, (64, 32): 76, (64, 64): 87, (64, 128): 122, (64, 256): 185,
-                                (128, 16): 95, (128, 32): 96, (128, 64): 116, (128, 128): 146},
+        # mxfp4 (e2m1, e8m0 scales per 32: two or four a row and k-tile, one
+        # word of them a row held as loaded until a unit converts them;
+        # 2026-12-07).
+        "fp4_cvt_scale/pairs": {(64, 16): 66, (64, 32): 72, (64, 64): 89, (64, 128): 120, (64, 256): 183,
+                                (128, 16): 85, (128, 32): 88, (128, 64): 104, (128, 128): 140},
         "table_cvt_scale/pairs": {(64, 16): 80, (64, 32): 95, (64, 64): 96, (64, 128): 128, (64, 256): 220},
         # NF4 and MXFP4 with each byte's pair looked up at once (Config.pair_table):
         # the most ptxas took over both where no cap bound it (none spilled).
         # NF4 at (128, 16): the cap of four MMA warpgroups (96; 86-96 taken
         # in every ring, no spills), where w4a16_sym's 128-deep tiles won M =
-        # 16. MXFP4 (four e8m0 scales a row and 128-deep tile) spills 56
-        # bytes there under that cap in two rings of 16 x 128 x 128: 128.
-        # Both with their scales held as loaded until a unit converts them
-        # (2026-12-07).
+        # 16. MXFP4 likewise (96 in one MMA warpgroup) since its four e8m0
+        # scales a row and 128-deep tile are one word (they took four
+        # registers, and 128 at (128, 16)). Both with their scales held as
+        # loaded until a unit converts them (2026-12-07).
         "pair_table_cvt_scale/pairs": {(64, 16): 72, (64, 32): 80, (64, 64): 96, (64, 128): 127,
                                        (64, 256): 190, (128, 16): 96, (128, 32): 128, (128, 64): 128,
                                        (128, 128): 168},
-        "pair_table_fp4_cvt_scale/pairs": {(64, 16): 72, (64, 32): 80, (64, 64): 96, (64, 128): 128,
-                                           (64, 256): 193, (128, 16): 128, (128, 32): 128, (128, 64): 140,
+        "pair_table_fp4_cvt_scale/pairs": {(64, 16): 72, (64, 32): 80, (64, 64): 95, (64, 128): 125,
+                                           (64, 256): 189, (128, 16): 96, (128, 32): 124, (128, 64): 128,
                                            (128, 128): 168},
         # Sub-byte codes widened to int8 for int8 activations (w4a8_int8,
         # bitnet_b158_a8, int8_int4_int32; w4a8_int8_g128: integer zero

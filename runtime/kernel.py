@@ -109,6 +109,11 @@ class Kernel:
         # Cached: a dict hit is cheaper than evaluating the plan's rules per launch.
         g = self._grids.get((M, N, K))
         if g is None:
+            if not planner.shape_ok(self.plan.consts, self.gemm_config, N, K):
+                # (its tuning and the heuristic never pick it here: planner.candidates)
+                raise ValueError(f"{self.spec.name}: config {self.config.name} does not run at "
+                                 f"N={N}, K={K}; let the op choose, or pick one of "
+                                 f"planner.candidates(spec, arch, M, N, K)")
             g = self._grids[(M, N, K)] = (self.plan.grid(M, N), self.plan.smem_at(K))
         return g
 

@@ -123,8 +123,13 @@ def _decoded(cfg: Config, num: Numerics, lay: Layout) -> Dict:
                 or num.zero_kind in ("int", "float"):        # (zero points: one per unit)
             raise PlanError(f"scale groups of {num.group} split a {cfg.BK}-deep k-tile")
         spt = cfg.BK // num.group
+    # One-byte (e8m0) scales stored [N, K / group]: a row's spt scales of a
+    # k-tile are consecutive bytes, loaded as one word and held in one slot
+    # register (docs/performance.md#rs-gemm).
+    scale_words = spt > 1 and num.scale_dtype == "e8m0" and num.scale_layout == "nk"
     return dict(dec=dec, kernel=rs_kernel(num, dec, int_zero, pairs), pairs=pairs,
-                interleaved4=rs_pairs_are_interleaved4(pairs), w_rowb=w_rowb, spt=spt, ce=2,
+                interleaved4=rs_pairs_are_interleaved4(pairs), w_rowb=w_rowb, spt=spt,
+                scale_words=scale_words, ce=2,
                 widen=False, flush=False, flush_scaled=False, acc_int=False)
 
 
@@ -174,7 +179,7 @@ def _widened(cfg: Config, num: Numerics, lay: Layout) -> Dict:
     if group and not exact and num.group != cfg.BK:
         raise PlanError(f"e4m3 sums are flushed every k-tile: scale groups of {cfg.BK}, not {num.group}")
     return dict(dec=decode_plan(lay, num), kernel=kernel, pairs=None, interleaved4=False,
-                w_rowb=cfg.BK * lay.bits // 8, spt=1, ce=1, widen=True, flush=_flushed(num),
+                w_rowb=cfg.BK * lay.bits // 8, spt=1, scale_words=False, ce=1, widen=True, flush=_flushed(num),
                 flush_scaled=group, acc_int=hw.MMAS[num.mma].acc == "s32")
 
 
@@ -267,5 +272,11 @@ def geometry(spec: Spec, cfg: Config, a: hw.Arch, num: Numerics, lay: Layout) ->
                 wgmma_k=hw.WGMMAS[num.mma].k, wgmma_tail=hw.WGMMAS[num.mma].tail, words=d["w_rowb"] // 4)
 
 
-FAMILY = Family("rs", geometry, kind=lambda cfg, g: "gemm_rs", grid=grid, shape_ok=stored_rows_ok,
+def shape_ok(g: Dict, cfg: Config, N: int, K: int) -> bool:
+    """stored_rows_ok; with scale words, rows of whole ones: K a multiple of
+    the k-tile."""
+    return stored_rows_ok(g, cfg, N, K) and (not g["scale_words"] or K % cfg.BK == 0)
+
+
+FAMILY = Family("rs", geometry, kind=lambda cfg, g: "gemm_rs", grid=grid, shape_ok=shape_ok,
                 tma=boxes)

@@ -102,10 +102,18 @@ def test_rs_gemm_converts_group_scales_where_it_uses_them(name, raw):
     if raw is None:
         assert "scale_raw_t" not in src and "cT fa[2]" in body
         return
-    assert f"typedef {raw} scale_raw_t;" in src
-    assert "scale_raw_t fa[2]" in body and "load_scale_ct(" not in body
+    assert f"typedef {raw} scale_raw_t;" in src and "load_scale_ct(" not in body
     unit = body[body.index("auto unit = "):]
-    assert unit.index("sa[j] = scale_pair(fa_u[j]);") < unit.index("fa_u[j] = load_scale_raw(")
+    if name != "mxfp4":
+        assert "scale_raw_t fa[2]" in body
+        assert unit.index("sa[j] = scale_pair(fa_u[j]);") < unit.index("fa_u[j] = load_scale_raw(")
+        return
+    # MXFP4: a row's scales of a k-tile (bytes) in one word, one load and one slot register
+    assert cfg.BK == 64 and "uint32_t fa[2], fb[2];" in body
+    assert "reinterpret_cast<const uint16_t*>(S) + scale_index(n, k, N, K) / 2" in src
+    assert unit.index("sa[j] = scale_word_pair(fa_u, j);") < unit.index("fa_u = load_scale_word(")
+    deep = render.render(s, replace(cfg, BK=128), "sm_90")[0]
+    assert "reinterpret_cast<const uint32_t*>(S) + scale_index(n, k, N, K) / 4" in deep
 
 
 # The first place each kind reads the previous kernel's output (activations)

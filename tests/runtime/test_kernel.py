@@ -464,6 +464,24 @@ def test_rs_matches_reference(name, M, N, K, record):
     check_all(spec, cfgs, M, N, K, record)
 
 
+@pytest.mark.gpu
+def test_rs_scale_words_at_k_not_a_multiple_of_the_tile(record):
+    """MXFP4's rs GEMM loads a row's e8m0 scales of a k-tile as one word,
+    so it runs only where K is a multiple of the tile (planner.rs.shape_ok):
+    at K = 1088 (17 64-deep tiles, 8.5 128-deep ones) every 64-deep config
+    matches the reference, and a 128-deep one, forced, refuses the launch
+    rather than reading another row's scales."""
+    skip_without("wgmma")
+    spec = _run_spec("mxfp4")
+    M, N, K = 13, 264, 1088
+    cfgs = [c for c in planner.candidates(spec, current_arch(), M, N, K) if c.rs]
+    assert cfgs and {c.BK for c in cfgs} == {64}
+    check_all(spec, cfgs, M, N, K, record)
+    deep = next(c for c in planner.candidates(spec, current_arch(), M, N, 1152) if c.rs and c.BK == 128)
+    with pytest.raises(ValueError, match=f"config {deep.name} does not run at N={N}, K={K}"):
+        Kernel(spec, deep).grid(M, N, K)
+
+
 PAIR_TABLE_SPECS = [n for n in RS_SPECS
                     if any(c.pair_table for c in planner.candidates(_run_spec(n), "sm_90", 70, 1024, 1024))]
 

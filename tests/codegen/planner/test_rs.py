@@ -182,6 +182,27 @@ def test_scale_groups_shorter_than_a_tile_take_no_zero_points():
         planner.geometry(w2z, c, "sm_90")
 
 
+def test_scale_words():
+    """One-byte (e8m0) scales stored [N, K / group], several a row and
+    k-tile (MXFP4's 2 or 4): one word a row, so the rs GEMM runs only where
+    rows are whole words (K a multiple of the k-tile); a scale of another
+    type or layout keeps one register a scale."""
+    mx = spec("mxfp4")
+    for BK, spt in ((64, 2), (128, 4)):
+        c = planner.Config("gemm", 16, 64, BK, 64, 16, 8, 1, wgmma=True, tma=True, rs=True, kgroups=2,
+                           pair_table=True)
+        g = planner.geometry(mx, c, "sm_90")
+        assert g["spt"] == spt and g["scale_words"]
+        assert planner.shape_ok(g, c, 8192, 2176) and planner.shape_ok(g, c, 8192, 1152)
+        assert planner.shape_ok(g, c, 8192, 1088) is (BK == 64)         # 17 x 64
+    nf4 = planner.geometry(spec("bnb_nf4"), c, "sm_90")                 # float32, 2 a tile
+    assert nf4["spt"] == 2 and not nf4["scale_words"]
+    # candidates follow: no 128-deep rs GEMM for MXFP4 at K = 1088, 64-deep ones still
+    deep = {x.BK for x in planner.candidates(mx, "sm_90", 16, 8192, 1088) if x.rs}
+    assert deep == {64}
+    assert {x.BK for x in planner.candidates(mx, "sm_90", 16, 8192, 1152) if x.rs} == {64, 128}
+
+
 def test_pair_tables():
     """Config.pair_table: NF4 and MXFP4, whose lanes' pairs are bytes, look
     each byte's two values up at once (a 32 KiB table, static shared memory
