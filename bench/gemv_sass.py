@@ -105,7 +105,7 @@ def mma_loop(ins, labels, row: dict) -> dict:
     per = 128 / k
     cls = Counter(classify(op) for _, op, _ in body)
     return dict(row, loop_ins=len(body), k=k, per_128k=round(len(body) * per),
-                classes={k: round(v * per) for k, v in cls.most_common()})
+                classes={c: round(v * per) for c, v in cls.most_common()})
 
 
 def report(name: str, M: int, N: int, K: int, arch: str, config: str | None = None) -> dict:

@@ -327,8 +327,8 @@ H200 = Calibration(
         # NF4 at (128, 16): the cap of four MMA warpgroups (96; 86-96 taken
         # in every ring, no spills), where w4a16_sym's 128-deep tiles won M =
         # 16. MXFP4 likewise (96 in one MMA warpgroup) since its four e8m0
-        # scales a row and 128-deep tile are one word (they took four
-        # registers, and 128 at (128, 16)). Both with their scales held as
+        # scales a row and 128-deep tile are one word (four slot registers
+        # before: 128 at (128, 16), spilling under that cap). Both with their scales held as
         # loaded until a unit converts them (2026-12-07).
         "pair_table_cvt_scale/pairs": {(64, 16): 72, (64, 32): 80, (64, 64): 96, (64, 128): 127,
                                        (64, 256): 190, (128, 16): 96, (128, 32): 128, (128, 64): 128,
