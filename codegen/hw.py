@@ -229,6 +229,13 @@ class Calibration:
     # Code kinds (lower.Numerics.code_kind) whose row GEMV runs faster
     # without prefetching its next run of 16-byte vectors.
     gemv_no_prefetch: FrozenSet[str] = frozenset()
+    # Codes a tensor-core GEMV's weight vector must hold for the heuristic
+    # to take it at M = 9-16 (narrower vectors: the mma.sync GEMM); 0: any.
+    tc_gemv_min_codes: int = 0
+    # Code kinds (lower.Numerics.code_kind) whose tensor-core GEMV the
+    # heuristic takes with 8 warps a block where those make about one
+    # block per SM (rather than more, smaller blocks).
+    tc_gemv_eight_warps: FrozenSet[str] = frozenset()
     # Sub-byte codes widened for 8-bit activations (lower.Numerics.widen),
     # on wgmma arches: from M = 17 up to this M the heuristic takes the
     # whole-K GEMM tile by waves x a block's work, and at M = 2-16 whole-K
@@ -491,6 +498,21 @@ H200 = Calibration(
     # M = 1 all without it (7 shapes).
     # Source: docs/performance.md#gemv
     gemv_no_prefetch=frozenset({"table"}),
+    # At M = 9-16, where a scale group (MXFP4's 32 codes) or the layer's K
+    # (3584 x 18944) leaves the tensor-core GEMV 4-byte vectors of 4-bit
+    # codes (8 a load), the GEMV was the pick in 8 records: the split-K
+    # mma.sync GEMM (16 x 64 or 16 x 128 tiles, 8 ways) won 6 of them,
+    # NF4's rs GEMM one, the GEMV one (MXFP4 1024 x 8192, with 8 warps where
+    # the pick had 4). Where the record timed today's GEMV pick it took
+    # 1.13-1.30x the winner's time (MXFP4 512 x 3584, 1024 x 5120, 1024 x
+    # 8192, 3584 x 18944; NF4 3584 x 18944). Source: docs/performance.md#heuristic
+    tc_gemv_min_codes=16,
+    # NF4's tensor-core GEMV on 1024-row layers at M = 8-16: 8-warp blocks
+    # (128, split 16 ways) won all 4 records (H200 1024 x 4096 M = 8, 16,
+    # 1024 x 8192; H100 1024 x 5120), the 4-warp pick (256 blocks) took
+    # 1.18x their time in the two that timed it; every NF4 tensor-core GEMV
+    # winner of both DBs has 8 warps. Source: docs/performance.md#heuristic
+    tc_gemv_eight_warps=frozenset({"table"}),
     # The int8 GEMV, H100 (132 SMs, as the H200), empty DB: at M = 1 and 2
     # it won all 50 buckets of w4a8_int8, its g128 form, bitnet_b158_a8,
     # w8a8_int8 and int8_int4_int32 at 8192^2, 4096^2, 1024 x 4096, 28672 x

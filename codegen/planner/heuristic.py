@@ -202,7 +202,9 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     """A reasonable pick without tuning: for weights stored [N, K] and
     M = 2-16 the tensor-core GEMV (where it cannot fill the SMs: at M = 2-4
     the row GEMV, else its most blocks; M = 9-16 on wide layers: the rs
-    GEMM of the decodings in `rs_from_m9`; for dense operands the mma.sync GEMM's
+    GEMM of the decodings in `rs_from_m9`, and where its vectors hold too
+    few codes the GEMM rules: `tc_gemv_min_codes`; 8-warp blocks for the
+    codes of `tc_gemv_eight_warps`; for dense operands the mma.sync GEMM's
     16-row tile, split-K by how much of a wave its tiles fill); for
     decode (M <= 4) the GEMV whose
     grid puts 12+ warps on every SM (or as many as it can) with no idle warps,
@@ -235,7 +237,17 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
                         + (f" besides the {len(exclude)} excluded" if exclude else ""))
     a = hw.arch(arch)
     num = numerics(spec, fp8_mma=a.fp8_mma)
+    if 9 <= M <= 16:
+        # Narrow vectors (a short scale group or K) starve the tensor-core
+        # GEMV's loads: there the mma.sync GEMM (hw.Calibration.tc_gemv_min_codes).
+        bits = weight_layout(spec).bits
+        cands = [c for c in cands if not c.tc or c.vbytes * 8 >= cal.tc_gemv_min_codes * bits] or cands
     tc = [c for c in cands if c.tc]
+    if num.code_kind in cal.tc_gemv_eight_warps:
+        # Each block fills the codebook's table in shared memory first:
+        # 8-warp blocks fill half as many, where they still make about one
+        # block per SM (hw.Calibration.tc_gemv_eight_warps).
+        tc = [c for c in tc if c.warps == 8 and blocks(spec, c, M, N) >= 0.8 * sms] or tc
     rs = [c for c in cands if c.rs]                 # (only where rs_pickable)
     if 9 <= M <= 16 and rs and _rs_from_m9(kind, N, K, sms, cal):
         return _rs_pick(rs, kind, num.widen, M, N, sms, cal)

@@ -124,7 +124,7 @@ def test_each_measured_constant_cites_its_evidence():
                            "gemv_split_fill_warps", "rs_min_fill", "rs_rows64_max_m", "rs_pair_tables_128_deep",
                            "rs_predecode_m_of", "rs_shallow_rings",
                            "rs_decode_rows_of", "rs_deep_kgroups",
-                           "gemv_no_prefetch", "int8_gemv_max_m", "a8_gemv_max_m", "a8_verified",
+                           "gemv_no_prefetch", "tc_gemv_min_codes", "tc_gemv_eight_warps", "int8_gemv_max_m", "a8_gemv_max_m", "a8_verified",
                            "inflight_sums_verified", "rs_pair_tables", "widened_waves_max_m",
                            "widened_decode_rows"}
     assert cal.count("Source: docs/performance.md#") >= len(fields)

@@ -109,8 +109,7 @@ def test_tensor_core_gemv_on_narrow_layers():
     not the widest vectors' few (512 x 3584, M = 16, H100: w4 v8 s8, 64
     blocks, 8.2 us; the w8 v16 s2 pick, 8 blocks, 14.9). Wide layers keep
     the widest vectors at ~2 blocks per SM."""
-    for name, want in (("w4a16_sym_g128", "gemv_m16_w4_v8_s8_tc"), ("bnb_nf4", "gemv_m16_w4_v8_s8_tc"),
-                       ("mxfp4", "gemv_m16_w4_v4_s16_tc")):
+    for name, want in (("w4a16_sym_g128", "gemv_m16_w4_v8_s8_tc"), ("bnb_nf4", "gemv_m16_w4_v8_s8_tc")):
         c = planner.heuristic(planner.execution_spec(spec(name), "sm_90"), "sm_90", 16, 512, 3584, sms=132)
         assert c.name == want, (name, c.name)
     c = planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 16, 4096, 14336, sms=132)
@@ -122,6 +121,40 @@ def test_tensor_core_gemv_on_narrow_layers():
         c = planner.heuristic(planner.execution_spec(spec(name), "sm_90"), "sm_90", 4, N, K, sms=132)
         assert c.family == "gemv" and not c.tc, (name, c.name)
     assert planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 4, 4096, 4096, sms=132).tc
+
+
+def test_no_tensor_core_gemv_of_narrow_vectors_at_9_to_16_rows(monkeypatch):
+    """M = 9-16 off the rs GEMM, where the tensor-core GEMV would load 8 codes
+    a vector (MXFP4's scale groups of 32; K = 18944's slices): the split-K
+    mma.sync GEMM, as the winners had it (hw.H200.tc_gemv_min_codes says
+    where). 16-code vectors (NF4, 2-bit) keep the GEMV; so does M = 2-8."""
+    mx = spec("mxfp4")
+    for N, K, want in ((512, 3584, "gemm_16x64x64_w16x16_p4_s8"), (1024, 5120, "gemm_16x64x64_w16x16_p4_s8"),
+                       (1024, 4096, "gemm_16x64x64_w16x16_p4_s8"), (3584, 18944, "gemm_16x64x64_w16x16_p4_s8")):
+        assert planner.heuristic(mx, "sm_90", 16, N, K, sms=132).name == want, (N, K)
+    c = planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 12, 3584, 18944, sms=132)
+    assert c.family == "gemm" and not (c.tc or c.wgmma) and c.split_k == 8, c.name
+    for name, N, K in (("bnb_nf4", 1024, 8192), ("w2a16_g128", 4096, 14336)):
+        c = planner.heuristic(planner.execution_spec(spec(name), "sm_90"), "sm_90", 16, N, K, sms=132)
+        assert c.tc, (name, c.name)
+    assert planner.heuristic(mx, "sm_90", 8, 1024, 4096, sms=132).tc
+    # Without the calibration (0: any vector), the GEMV as before.
+    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, tc_gemv_min_codes=0))
+    assert planner.heuristic(mx, "sm_90", 16, 512, 3584, sms=132).name == "gemv_m16_w4_v4_s16_tc"
+
+
+def test_codebook_tensor_core_gemv_takes_8_warps_where_they_fill_the_sms(monkeypatch):
+    """NF4's tensor-core GEMV on 1024-row layers: 8-warp blocks split 16 ways
+    (128 blocks), as every NF4 winner had them, not the 4-warp pick's 256
+    (hw.H200.tc_gemv_eight_warps); on 512-row layers (32 such blocks) the
+    most blocks as before; other codes unchanged."""
+    nf4 = spec("bnb_nf4")
+    for M, K in ((8, 4096), (16, 4096), (16, 8192), (16, 5120)):
+        assert planner.heuristic(nf4, "sm_90", M, 1024, K, sms=132).name == f"gemv_m{M}_w8_v8_s16_tc", (M, K)
+    assert planner.heuristic(nf4, "sm_90", 16, 512, 3584, sms=132).name == "gemv_m16_w4_v8_s8_tc"
+    assert planner.heuristic(spec("w4a16_sym_g128"), "sm_90", 16, 1024, 8192, sms=132).warps == 4
+    monkeypatch.setitem(hw.CALIBRATION, "H200", dataclasses.replace(hw.H200, tc_gemv_eight_warps=frozenset()))
+    assert planner.heuristic(nf4, "sm_90", 16, 1024, 8192, sms=132).name == "gemv_m16_w4_v8_s16_tc"
 
 
 def test_rs_gemm_from_m9_where_k_is_short():
