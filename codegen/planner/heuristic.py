@@ -227,27 +227,21 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     pick_rs = rs_pickable(spec, arch)
     cal = hw.calibration(arch)
     kind = kernel_class(spec, arch)
+    # At M = 9-16 narrow vectors (a short scale group or K) starve the
+    # tensor-core GEMV's loads: the mma.sync GEMM there (tc_gemv_min_codes).
+    tc_min_bytes = cal.tc_gemv_min_codes * weight_layout(spec).bits / 8 if 9 <= M <= 16 else 0
     cands = [c for c in candidates(spec, arch, M, N, K, sms)
              if c not in exclude and (pick_rs or not c.rs) and a8_pickable(spec, c, arch, M, N, K)
              and (cal.inflight_sums_verified or not c.inflight_sums)
              and (not c.pair_table or M <= cal.rs_pair_tables.get(kind, 0))
-             and (not c.rs or c.stages >= RS_FULL_RING or kind in cal.rs_shallow_rings)]
+             and (not c.rs or c.stages >= RS_FULL_RING or kind in cal.rs_shallow_rings)
+             and (not c.tc or c.vbytes >= tc_min_bytes)]
     if not cands:
         raise PlanError(f"{spec.name}: no kernel configuration fits M={M} N={N} K={K} on {arch}"
                         + (f" besides the {len(exclude)} excluded" if exclude else ""))
     a = hw.arch(arch)
     num = numerics(spec, fp8_mma=a.fp8_mma)
-    if 9 <= M <= 16:
-        # Narrow vectors (a short scale group or K) starve the tensor-core
-        # GEMV's loads: there the mma.sync GEMM (hw.Calibration.tc_gemv_min_codes).
-        bits = weight_layout(spec).bits
-        cands = [c for c in cands if not c.tc or c.vbytes * 8 >= cal.tc_gemv_min_codes * bits] or cands
     tc = [c for c in cands if c.tc]
-    if num.code_kind in cal.tc_gemv_eight_warps:
-        # Each block fills the codebook's table in shared memory first:
-        # 8-warp blocks fill half as many, where they still make about one
-        # block per SM (hw.Calibration.tc_gemv_eight_warps).
-        tc = [c for c in tc if c.warps == 8 and blocks(spec, c, M, N) >= 0.8 * sms] or tc
     rs = [c for c in cands if c.rs]                 # (only where rs_pickable)
     if 9 <= M <= 16 and rs and _rs_from_m9(kind, N, K, sms, cal):
         return _rs_pick(rs, kind, num.widen, M, N, sms, cal)
@@ -273,7 +267,12 @@ def heuristic(spec: Spec, arch: str, M: int, N: int, K: int, sms: Optional[int] 
     # GEMV; fp16's two 512-row layers took split-K GEMMs;
     # docs/performance.md#heuristic).
     tc_blocks = {c: blocks(spec, c, M, N) for c in tc}
-    tc_starved = all(n < want for n in tc_blocks.values())
+    if num.code_kind in cal.tc_gemv_eight_warps:
+        # Each block fills the codebook's table in shared memory first:
+        # 8-warp blocks fill half as many, where they still make about one
+        # block per SM (hw.Calibration.tc_gemv_eight_warps).
+        tc = [c for c in tc if c.warps == 8 and tc_blocks[c] >= 0.8 * sms] or tc
+    tc_starved = all(tc_blocks[c] < want for c in tc)
     if mma_sync:
         cands = mma_sync
     elif 2 <= M <= 16 and tc and not (M <= 4 and tc_starved and gemv):
